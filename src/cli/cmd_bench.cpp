@@ -1,0 +1,170 @@
+// `tprun bench collectives`: all_reduce through tprun's Communicator against a
+// bare MPI_Allreduce loop, in the same run, on the world communicator.
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <map>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/randn.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "cli/command.h"
+#include "cli/session_options.h"
+#include "dist/device_mesh.h"
+#include "dist/half_reduce.h"
+#include "dist/mpi_communicator.h"
+#include "dist/mpi_world.h"
+#include "runtime/error.h"
+#include "runtime/session.h"
+#include "runtime/size_string.h"
+
+namespace tprun::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  uint64_t min_bytes = 4096;
+  uint64_t max_bytes = 64ull << 20;
+  std::vector<std::string> dtypes{"fp32", "bf16"};
+  double seconds = 0.25;  // per measurement
+  int rounds = 5;         // interleaved tprun / bare rounds; median reported
+};
+
+at::ScalarType dtype_of(const std::string& name) {
+  if (name == "fp32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  throw ConfigError(fmt::format("--dtypes: '{}' is not fp32, bf16 or fp16", name));
+}
+
+// Max over ranks of the seconds each rank spent in `fn` run `iters` times.
+template <typename Fn>
+double timed(int iters, Fn fn) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) fn();
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  double worst = 0;
+  MPI_Allreduce(&s, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int run_collectives(const BenchOptions& o, Session& session) {
+  dist::MpiCommunicator world(MPI_COMM_WORLD, "world", nullptr);
+  const int n = world.size();
+  struct Row {
+    std::string dtype;
+    uint64_t bytes;
+    int64_t elements;
+    double tprun_us, bare_us;
+  };
+  std::vector<Row> rows;
+  std::map<std::pair<std::string, int64_t>, double> by_elements;
+  for (const auto& dname : o.dtypes) {
+    const at::ScalarType dt = dtype_of(dname);
+    for (uint64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
+      const int64_t elems = static_cast<int64_t>(bytes / at::elementSize(dt));
+      at::Tensor t = at::randn({elems}).to(dt);
+      MPI_Datatype mt = MPI_FLOAT;
+      MPI_Op mop = MPI_SUM;
+      if (dt == at::kBFloat16 || dt == at::kHalf) {
+        mt = dist::mpi_half_datatype();
+        mop = dist::mpi_half_op(dt == at::kHalf ? dist::HalfKind::Float16 : dist::HalfKind::BFloat16,
+                                dist::ReduceOp::Sum);
+      }
+      auto through_tprun = [&] { world.all_reduce(t); };
+      auto bare = [&] {
+        MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(elems), mt, mop, MPI_COMM_WORLD);
+      };
+      // Calibrate the iteration count on rank 0's clock; everyone uses it.
+      double once = timed(3, through_tprun) / 3.0;
+      int iters = static_cast<int>(std::clamp(o.seconds / std::max(once, 1e-7), 3.0, 20000.0));
+      MPI_Bcast(&iters, 1, MPI_INT, 0, MPI_COMM_WORLD);
+      std::vector<double> a, b;
+      for (int r = 0; r < o.rounds; ++r) {
+        a.push_back(timed(iters, through_tprun) / iters * 1e6);
+        b.push_back(timed(iters, bare) / iters * 1e6);
+      }
+      rows.push_back({dname, bytes, elems, median(a), median(b)});
+      by_elements[{dname, elems}] = median(a);
+      spdlog::debug("bench {} {} B: tprun {:.1f} us, bare {:.1f} us", dname, bytes, median(a), median(b));
+    }
+  }
+  if (session.rank() == 0) {
+    std::cout << fmt::format("all_reduce (sum) over {} ranks, {} thread(s) per rank; times are the "
+                             "median of {} rounds, each the slowest rank's mean\n\n",
+                             n, session.threads(), o.rounds);
+    std::cout << "| dtype | size | elements | tprun (us) | bare MPI_Allreduce (us) | tprun / bare "
+                 "| bus bandwidth (GB/s) | vs fp32, same elements |\n"
+                 "|---|---|---|---|---|---|---|---|\n";
+    for (const auto& r : rows) {
+      const double busbw = n > 1 ? 2.0 * (n - 1) / n * static_cast<double>(r.bytes) / (r.tprun_us * 1e-6) / 1e9 : 0.0;
+      std::string vs = "-";
+      auto it = by_elements.find({"fp32", r.elements});
+      if (r.dtype != "fp32" && it != by_elements.end()) vs = fmt::format("{:.2f}x", r.tprun_us / it->second);
+      std::cout << fmt::format("| {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.2f} | {} |\n", r.dtype,
+                               format_size(r.bytes), r.elements, r.tprun_us, r.bare_us,
+                               r.tprun_us / r.bare_us, busbw, vs);
+    }
+    std::cout.flush();
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command bench_command() {
+  Command c;
+  c.name = "bench";
+  c.summary = "micro-benchmarks: 'collectives' (all_reduce through tprun vs bare MPI)";
+  c.usage = "collectives";
+  c.add_options = [](po::options_description& desc, po::positional_options_description& pos) {
+    po::options_description b("Benchmark");
+    b.add_options()
+        ("what", po::value<std::string>()->required(), "what to measure: collectives")
+        ("min-size", po::value<std::string>()->default_value("4KiB"), "smallest message")
+        ("max-size", po::value<std::string>()->default_value("64MiB"), "largest message (x4 steps)")
+        ("dtypes", po::value<std::string>()->default_value("fp32,bf16"), "comma-separated: fp32,bf16,fp16")
+        ("seconds", po::value<double>()->default_value(0.25), "target seconds per measurement")
+        ("rounds", po::value<int>()->default_value(5), "interleaved rounds; the median is reported");
+    desc.add(b);
+    pos.add("what", 1);
+    add_session_options(desc);
+  };
+  c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
+    const std::string what = vm["what"].as<std::string>();
+    if (what != "collectives") {
+      throw ConfigError(fmt::format("tprun bench: unknown benchmark '{}'; available: collectives", what),
+                        true);
+    }
+    BenchOptions o;
+    o.min_bytes = parse_size(vm["min-size"].as<std::string>(), "--min-size");
+    o.max_bytes = parse_size(vm["max-size"].as<std::string>(), "--max-size");
+    o.dtypes.clear();
+    std::string list = vm["dtypes"].as<std::string>();
+    for (size_t s = 0; s <= list.size();) {
+      size_t e = list.find(',', s);
+      if (e == std::string::npos) e = list.size();
+      if (e > s) {
+        o.dtypes.push_back(list.substr(s, e - s));
+        dtype_of(o.dtypes.back());
+      }
+      s = e + 1;
+    }
+    o.seconds = vm["seconds"].as<double>();
+    o.rounds = std::max(1, vm["rounds"].as<int>());
+    Session session(argc, argv, session_options_from(vm));
+    return run_collectives(o, session);
+  };
+  return c;
+}
+
+}  // namespace tprun::cli

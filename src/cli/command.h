@@ -1,0 +1,33 @@
+#pragma once
+// A tprun subcommand: its name, one-line summary, options and body. The CLI
+// (cli.cpp) parses argv with Boost.Program_options and dispatches.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+
+namespace tprun::cli {
+
+namespace po = boost::program_options;
+
+struct Command {
+  std::string name;
+  std::string summary;
+  std::string usage;  // positional part, e.g. "collectives"
+  std::function<void(po::options_description&, po::positional_options_description&)> add_options;
+  // argc/argv are the process's (for MPI_Init); returns the exit code.
+  std::function<int(const po::variables_map&, int* argc, char*** argv)> run;
+};
+
+// Every subcommand, in the order `tprun --help` lists them.
+const std::vector<Command>& all_commands();
+
+// Defined next to each command.
+Command env_command();
+Command bench_command();
+
+int run_cli(int argc, char** argv);
+
+}  // namespace tprun::cli

@@ -1,0 +1,51 @@
+#include "dist/device_mesh.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "dist/mpi_communicator.h"
+#include "dist/mpi_world.h"
+#include "dist/nccl_communicator.h"
+
+namespace tprun::dist {
+
+std::unique_ptr<DeviceMesh> DeviceMesh::create(const MeshSpec& spec, const MeshContext& ctx) {
+  std::unique_ptr<DeviceMesh> mesh(new DeviceMesh());
+  int world = 1;
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &mesh->world_rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
+  mesh->node_of_rank_ = mpi_node_of_rank();
+  mesh->layout_ = plan_mesh(world, spec, mesh->node_of_rank_);
+  const MeshCoord c = mesh->layout_.coord(mesh->world_rank_);
+
+  mesh->world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", ctx.watchdog);
+  MPI_Comm tp_comm = MPI_COMM_NULL;
+  MPI_Comm dp_comm = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, c.dp_index, c.tp_index, &tp_comm), "MPI_Comm_split(tp)");
+  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, c.tp_index, c.dp_index, &dp_comm), "MPI_Comm_split(dp)");
+  mesh->tp_ = std::make_unique<MpiCommunicator>(tp_comm, fmt::format("tp[{}]", c.dp_index), ctx.watchdog);
+  mesh->dp_ = std::make_unique<MpiCommunicator>(dp_comm, fmt::format("dp[{}]", c.tp_index), ctx.watchdog);
+  if (ctx.cuda_device >= 0) {
+    mesh->tp_nccl_ = make_nccl_communicator(*mesh->tp_, ctx.cuda_device, ctx.watchdog);
+    mesh->dp_nccl_ = make_nccl_communicator(*mesh->dp_, ctx.cuda_device, ctx.watchdog);
+  }
+  if (mesh->layout_.group_spans_nodes[static_cast<size_t>(c.dp_index)]) {
+    spdlog::warn("tp group {} spans nodes (allow_cross_node_tp): every layer's AllReduce crosses "
+                 "the network",
+                 format_ranks(mesh->layout_.tp_group_of(mesh->world_rank_)));
+  }
+  spdlog::debug("mesh: dp {} x tp {}; this rank dp {} tp {} group {}", mesh->layout_.dp,
+                mesh->layout_.tp, c.dp_index, c.tp_index,
+                format_ranks(mesh->layout_.tp_group_of(mesh->world_rank_)));
+  return mesh;
+}
+
+DeviceMesh::~DeviceMesh() = default;
+
+Communicator& DeviceMesh::world() { return *world_; }
+Communicator& DeviceMesh::tp() { return *tp_; }
+Communicator& DeviceMesh::dp() { return *dp_; }
+Communicator& DeviceMesh::tp_device() { return tp_nccl_ ? *tp_nccl_ : static_cast<Communicator&>(*tp_); }
+Communicator& DeviceMesh::dp_device() { return dp_nccl_ ? *dp_nccl_ : static_cast<Communicator&>(*dp_); }
+
+}  // namespace tprun::dist

@@ -1,0 +1,37 @@
+#pragma once
+// Which device a rank computes on, and how many CPU threads it may use.
+
+#include <string>
+
+namespace tprun {
+
+struct DeviceChoice {
+  std::string device = "cpu";  // "cpu" or "cuda:N"
+  int cuda_index = -1;         // N for cuda:N
+  std::string reason;          // why, for the log
+};
+
+// requested: "" (automatic), "cpu", "cuda" (cuda:<local_rank>) or "cuda:N".
+// Automatic: cuda:<local_rank> when this build has CUDA and a GPU is visible,
+// else cpu. ConfigError naming --device for impossible requests.
+DeviceChoice choose_device(const std::string& requested, int local_rank, int cuda_devices,
+                           bool cuda_built);
+
+// Threads for a CPU rank: the CPUs it may run on, shared fairly with the other
+// ranks of this node that may run on the same CPUs; at least 1.
+int cpu_threads_for_rank(int cpus_in_mask, int ranks_sharing_mask);
+
+// CUDA devices visible to this process (0 in a build without CUDA or without a GPU).
+int cuda_device_count();
+bool cuda_built();
+
+// This process's CPU affinity: the number of CPUs and a canonical string of
+// them ("0-1"), used to find ranks that share CPUs.
+int cpus_in_affinity_mask();
+std::string affinity_mask_string();
+
+// at::set_num_threads / at::set_num_interop_threads (the latter only before
+// any inter-op work; later calls keep the first value).
+void set_torch_threads(int intra, int interop);
+
+}  // namespace tprun

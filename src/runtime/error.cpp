@@ -1,0 +1,30 @@
+#include "runtime/error.h"
+
+namespace tprun {
+
+Error::Error(Kind kind, const std::string& message, bool all_ranks)
+    : std::runtime_error(message), kind_(kind), all_ranks_(all_ranks) {}
+
+const char* Error::kind_name() const noexcept {
+  switch (kind_) {
+    case Kind::Config: return "config error";
+    case Kind::Checkpoint: return "checkpoint error";
+    case Kind::Comm: return "communication error";
+    case Kind::Request: return "request error";
+    case Kind::Internal: break;
+  }
+  return "internal error";
+}
+
+int Error::exit_code() const noexcept {
+  switch (kind_) {
+    case Kind::Config: return exit_code::kConfig;
+    case Kind::Checkpoint: return exit_code::kCheckpoint;
+    case Kind::Comm: return exit_code::kComm;
+    case Kind::Request: return exit_code::kRequest;
+    case Kind::Internal: break;
+  }
+  return exit_code::kInternal;
+}
+
+}  // namespace tprun

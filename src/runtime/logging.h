@@ -1,0 +1,29 @@
+#pragma once
+// Logging for every rank through spdlog (compiled library).
+//   console (stderr): rank 0 at the chosen level (default info), other ranks at
+//                     warning and up, so only rank 0 narrates;
+//   file:             every rank at debug (or finer) into <dir>/rank-NNNN.log.
+// Every line carries "[r{rank}/{world}]". Level: --log-level, else the
+// SPDLOG_LEVEL environment variable, else info.
+
+#include <string>
+
+namespace tprun {
+
+struct LogOptions {
+  int rank = 0;
+  int world = 1;
+  std::string level;  // trace|debug|info|warn|error|critical|off; "" = SPDLOG_LEVEL or info
+  std::string dir;    // "" = no per-rank file
+};
+
+// Installs the default logger. Safe to call again (e.g. once the rank is known).
+void init_logging(const LogOptions& options);
+
+// Validates a level name; throws ConfigError naming `option` otherwise.
+void check_log_level(const std::string& level, const std::string& option);
+
+// Flushes every sink (before an abort or exit).
+void flush_logs() noexcept;
+
+}  // namespace tprun

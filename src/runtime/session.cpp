@@ -1,0 +1,84 @@
+#include "runtime/session.h"
+
+#include <chrono>
+#include <exception>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "dist/comm_watchdog.h"
+#include "dist/device_mesh.h"
+#include "dist/mpi_world.h"
+#include "runtime/error.h"
+#include "runtime/logging.h"
+
+namespace tprun {
+namespace {
+Session* g_session = nullptr;
+}
+
+Session* Session::current() { return g_session; }
+
+Session::Session(int* argc, char*** argv, const SessionOptions& options) {
+  // Log with the launcher's rank (if any) until MPI confirms it.
+  auto early = rank_env_from_variables(process_env());
+  init_logging({early ? early->rank : 0, early ? early->world : 1, options.log_level, ""});
+
+  dist::mpi_init(argc, argv);
+  g_session = this;
+  const MpiIdentity mpi = dist::mpi_identity();
+  env_ = resolve_rank_env(process_env(), mpi);
+  host_ = dist::host_name();
+  init_logging({env_.rank, env_.world, options.log_level, options.log_dir});
+
+  device_ = choose_device(options.device, env_.local_rank, cuda_device_count(), cuda_built());
+
+  // CPU threads: ranks of this node that may run on the same CPUs share them.
+  cpus_ = affinity_mask_string();
+  MPI_Comm local = MPI_COMM_NULL;
+  dist::check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, env_.rank,
+                                      MPI_INFO_NULL, &local),
+                  "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+  auto masks = dist::mpi_all_gather_strings(local, cpus_);
+  MPI_Comm_free(&local);
+  int sharing = 0;
+  for (const auto& m : masks) sharing += m == cpus_ ? 1 : 0;
+  if (options.threads < 0) {
+    throw ConfigError(fmt::format("--threads {} must be at least 1 (0 = automatic)", options.threads));
+  }
+  threads_ = options.threads > 0 ? options.threads
+                                 : cpu_threads_for_rank(cpus_in_affinity_mask(), sharing);
+  interop_threads_ = std::max(1, threads_ / 2);
+  if (device_.cuda_index < 0) set_torch_threads(threads_, interop_threads_);
+
+  watchdog_ = std::make_unique<dist::CommWatchdog>(
+      std::chrono::milliseconds(static_cast<long long>(options.comm_timeout_s * 1000.0)));
+  dist::CommWatchdog::set_global(watchdog_.get());
+
+  spdlog::info("tprun rank {}/{} on {} (local {}/{}), environment from {}, device {} ({}), "
+               "{} thread(s) on CPUs {} shared by {} local rank(s)",
+               env_.rank, env_.world, host_, env_.local_rank, env_.local_size, env_.source,
+               device_.device, device_.reason, threads_, cpus_, sharing);
+  if (cuda_built() && device_.cuda_index < 0 && env_.rank == 0) {
+    spdlog::info("CUDA build without a visible GPU: NCCL and CUDA paths are skipped, ranks run on CPU");
+  }
+}
+
+Session::~Session() {
+  watchdog_.reset();
+  flush_logs();
+  g_session = nullptr;
+  // While an exception unwinds, a peer may be blocked in a collective:
+  // MPI_Finalize could wait for it forever. The process boundary
+  // (run_guarded) decides between finalize and abort instead.
+  if (std::uncaught_exceptions() == 0) dist::mpi_finalize();
+}
+
+std::unique_ptr<dist::DeviceMesh> Session::make_mesh(const dist::MeshSpec& spec) const {
+  dist::MeshContext ctx;
+  ctx.cuda_device = device_.cuda_index;
+  ctx.watchdog = watchdog_.get();
+  return dist::DeviceMesh::create(spec, ctx);
+}
+
+}  // namespace tprun
