@@ -79,6 +79,18 @@ void MpiCommunicator::all_reduce(at::Tensor& tensor, const AllReduceOptions& opt
   const int64_t n = work.numel();
   const size_t elem = static_cast<size_t>(work.element_size());
   auto armed = CommWatchdog::Armed(watchdog_, "all_reduce", name_);
+  if (work.scalar_type() == at::kHalf || work.scalar_type() == at::kBFloat16) {
+    const HalfKind kind = work.scalar_type() == at::kHalf ? HalfKind::Float16 : HalfKind::BFloat16;
+    // Segments of 4M elements: bounded scratch memory (8 MiB per rank) and
+    // a working set that stays in cache; MPI counts stay in int.
+    const int64_t step = int64_t{1} << 22;
+    for (int64_t start = 0; start < n; start += step) {
+      half_all_reduce(comm_, reinterpret_cast<uint16_t*>(base) + start, std::min(step, n - start),
+                      kind, options.op);
+    }
+    if (!work.is_same(tensor)) tensor.copy_(work);
+    return;
+  }
   for (int64_t start = 0; start < n; start += kMaxChunk) {
     const int count = static_cast<int>(std::min(kMaxChunk, n - start));
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, base + static_cast<size_t>(start) * elem, count, rt.type,
