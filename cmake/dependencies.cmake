@@ -104,6 +104,10 @@ if(NOT tomlplusplus_FOUND)
 endif()
 find_package(GTest REQUIRED)
 
+# Parallel HDF5 (the Open MPI build of libhdf5): the second checkpoint format,
+# read with hyperslabs, collectively through MPI-IO.
+pkg_check_modules(HDF5P REQUIRED IMPORTED_TARGET hdf5-openmpi)
+
 # libtorch's include folder carries its own, newer {fmt} headers, which would
 # shadow the {fmt} that Debian's spdlog was compiled against. tprun's code and
 # spdlog must see the system {fmt}: a folder of links to it goes first on the

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "cli/bench_load.h"
 #include "cli/command.h"
 #include "cli/session_options.h"
 #include "dist/device_mesh.h"
@@ -126,12 +127,12 @@ int run_collectives(const BenchOptions& o, Session& session) {
 Command bench_command() {
   Command c;
   c.name = "bench";
-  c.summary = "micro-benchmarks: 'collectives' (all_reduce through tprun vs bare MPI)";
-  c.usage = "collectives";
+  c.summary = "benchmarks: 'collectives' (all_reduce vs bare MPI), 'load' (one rank's checkpoint load)";
+  c.usage = "collectives|load";
   c.add_options = [](po::options_description& desc, po::positional_options_description& pos) {
     po::options_description b("Benchmark");
     b.add_options()
-        ("what", po::value<std::string>()->required(), "what to measure: collectives")
+        ("what", po::value<std::string>()->required(), "what to measure: collectives | load")
         ("min-size", po::value<std::string>()->default_value("4KiB"), "smallest message")
         ("max-size", po::value<std::string>()->default_value("64MiB"), "largest message (x2 steps)")
         ("dtypes", po::value<std::string>()->default_value("fp32,bf16"), "comma-separated: fp32,bf16,fp16")
@@ -139,12 +140,14 @@ Command bench_command() {
         ("rounds", po::value<int>()->default_value(5), "interleaved rounds; the median is reported");
     desc.add(b);
     pos.add("what", 1);
+    add_load_bench_options(desc);
     add_session_options(desc);
   };
   c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
     const std::string what = vm["what"].as<std::string>();
+    if (what == "load") return run_load_bench(vm);
     if (what != "collectives") {
-      throw ConfigError(fmt::format("tprun bench: unknown benchmark '{}'; available: collectives", what),
+      throw ConfigError(fmt::format("tprun bench: unknown benchmark '{}'; available: collectives, load", what),
                         true);
     }
     BenchOptions o;

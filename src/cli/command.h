@@ -27,6 +27,9 @@ const std::vector<Command>& all_commands();
 // Defined next to each command.
 Command env_command();
 Command bench_command();
+Command inspect_command();
+Command shard_command();
+Command convert_command();
 
 int run_cli(int argc, char** argv);
 

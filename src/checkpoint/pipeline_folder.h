@@ -1,0 +1,34 @@
+#pragma once
+// A diffusers pipeline folder: model_index.json naming the components, each a
+// sub-folder (transformer/, vae/, text_encoder/, tokenizer/, scheduler/, ...).
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tprun::checkpoint {
+
+struct PipelineComponent {
+  std::string name;     // "transformer"
+  std::string library;  // "diffusers", "transformers"
+  std::string cls;      // "FluxTransformer2DModel"
+  std::string path;     // <folder>/<name>
+};
+
+struct PipelineFolder {
+  std::string path;
+  std::string cls;  // "_class_name", e.g. "FluxPipeline"
+  nlohmann::json index;
+  std::vector<PipelineComponent> components;  // non-null entries, in name order
+
+  const PipelineComponent* find(const std::string& name) const;
+};
+
+bool is_pipeline_folder(const std::string& path);
+
+// Reads and checks model_index.json: every non-null component is
+// ["library", "Class"] and its folder exists. CheckpointError otherwise.
+PipelineFolder open_pipeline_folder(const std::string& path);
+
+}  // namespace tprun::checkpoint

@@ -1,0 +1,50 @@
+#include "checkpoint/strict_json.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
+
+namespace tprun::checkpoint {
+
+nlohmann::json parse_strict_json(std::string_view text, const std::string& file, const std::string& what) {
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  std::string duplicate;
+  auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (depth >= 64) throw CheckpointError(fmt::format("{}: {} nests deeper than 64 levels", file, what));
+    if (event == E::object_start) {
+      keys.emplace_back();
+    } else if (event == E::object_end) {
+      if (!keys.empty()) keys.pop_back();
+    } else if (event == E::key && !keys.empty()) {
+      const std::string k = parsed.get<std::string>();
+      if (!keys.back().insert(k).second && duplicate.empty()) duplicate = k;
+    }
+    return true;
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true);
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("{}: {} is not valid JSON: {}", file, what, e.what()));
+  }
+  if (!duplicate.empty()) {
+    throw CheckpointError(fmt::format("{}: {} has the key '{}' twice", file, what, duplicate));
+  }
+  return j;
+}
+
+nlohmann::json read_json_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(fmt::format("{}: cannot open {}", path, what));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return parse_strict_json(ss.str(), path, what);
+}
+
+}  // namespace tprun::checkpoint

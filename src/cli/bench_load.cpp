@@ -1,0 +1,151 @@
+// `tprun bench load --model DIR --tp N --rank R --mode M`: loads what rank R
+// of a TP group of N needs, in this process alone, and reports wall time, RSS
+// growth, peak RSS and bytes read (/proc/self/io rchar). Modes:
+//   shard-on-load    the loader reads only this rank's slices
+//   load-then-shard  every tensor read whole first, then sliced (diffusers'
+//                    enable_parallelism)
+//   sequential       a plain sequential read of as many bytes as shard-on-load
+//                    reads, in 16 MiB chunks (the floor)
+#include "cli/bench_load.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include <ATen/core/Tensor.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/component_checkpoint.h"
+#include "checkpoint/safetensors_source.h"
+#include "checkpoint/shard_loader.h"
+#include "models/model_table.h"
+#include "runtime/error.h"
+#include "runtime/size_string.h"
+
+namespace tprun::cli {
+namespace po = boost::program_options;
+namespace {
+
+uint64_t proc_status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(std::string(key).size()));
+  }
+  return 0;
+}
+
+uint64_t proc_io(const char* key) {
+  std::ifstream in("/proc/self/io");
+  std::string k;
+  uint64_t v;
+  while (in >> k >> v)
+    if (k == key) return v;
+  return 0;
+}
+
+void reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+}
+
+}  // namespace
+
+void add_load_bench_options(po::options_description& desc) {
+  po::options_description o("Load benchmark (bench load)");
+  o.add_options()
+      ("model", po::value<std::string>(), "component folder (e.g. from tools/make_sparse_checkpoint.py)")
+      ("tp", po::value<int>()->default_value(1), "TP size of the simulated group")
+      ("rank", po::value<int>()->default_value(0), "which TP rank this process plays")
+      ("mode", po::value<std::string>()->default_value("shard-on-load"),
+       "shard-on-load | load-then-shard | sequential")
+      ("dtype", po::value<std::string>()->default_value(""), "compute dtype (default: as stored)")
+      ("shard-modulation", po::bool_switch(), "shard the AdaLN modulation linears (rowwise_split_input)");
+  desc.add(o);
+}
+
+int run_load_bench(const po::variables_map& vm) {
+  if (!vm.count("model")) throw ConfigError("bench load needs --model DIR", true);
+  const std::string model = vm["model"].as<std::string>();
+  const int tp = vm["tp"].as<int>(), rank = vm["rank"].as<int>();
+  const std::string mode = vm["mode"].as<std::string>();
+  if (tp < 1 || rank < 0 || rank >= tp) throw ConfigError(fmt::format("--rank {} is not a rank of tp {}", rank, tp), true);
+  auto ck = std::make_shared<const checkpoint::ComponentCheckpoint>(checkpoint::ComponentCheckpoint::open(model));
+  models::TableOptions topts;
+  topts.shard_modulation = vm["shard-modulation"].as<bool>();
+  auto table = models::model_table_for(ck->config(), model + "/config.json", topts);
+  if (!table) throw ConfigError(fmt::format("{}: no model table for this class; cannot plan slices", model), true);
+
+  std::vector<checkpoint::LoadItem> items;
+  uint64_t slice_bytes = 0, replicated_bytes = 0, planned_full = 0;
+  for (const auto& name : ck->tensor_names()) {
+    checkpoint::LoadItem it{name, table->request(name, rank, tp)};
+    const auto* e = ck->locate(name).entry;
+    const uint64_t b = checkpoint::plan_slice(name, e->shape, checkpoint::dtype_bits(e->dtype), it.request).bytes;
+    if (it.request.style == checkpoint::ShardStyle::Replicated) {
+      replicated_bytes += b;
+    } else {
+      slice_bytes += b;
+      planned_full += e->nbytes();
+    }
+    items.push_back(std::move(it));
+  }
+
+  const uint64_t rss_before = proc_status_kb("VmRSS:") * 1024;
+  reset_peak_rss();
+  const uint64_t rchar_before = proc_io("rchar:");
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<at::Tensor> held;
+  if (mode == "sequential") {
+    const uint64_t want = slice_bytes + replicated_bytes;
+    std::unique_ptr<char[]> buf(new char[16 << 20]);
+    uint64_t done = 0;
+    for (const auto& f : ck->files()) {
+      int fd = ::open(f.file.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) throw CheckpointError(fmt::format("{}: cannot open", f.file));
+      for (uint64_t off = f.data_start; off < f.file_size && done < want;) {
+        const uint64_t n = std::min<uint64_t>({16u << 20, f.file_size - off, want - done});
+        checkpoint::pread_fully(fd, buf.get(), n, off, f.file);
+        off += n;
+        done += n;
+      }
+      ::close(fd);
+    }
+  } else {
+    checkpoint::LoadOptions o;
+    if (mode == "load-then-shard") o.mode = checkpoint::LoadMode::LoadThenShard;
+    else if (mode != "shard-on-load") throw ConfigError(fmt::format("--mode '{}' is not shard-on-load, load-then-shard or sequential", mode), true);
+    o.dtype = vm["dtype"].as<std::string>();
+    checkpoint::SafetensorsSource src(ck);
+    checkpoint::ShardLoader loader(src, o);
+    held = loader.load_many(items);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const uint64_t read = proc_io("rchar:") - rchar_before;
+  const uint64_t peak = proc_status_kb("VmHWM:") * 1024;
+  uint64_t held_bytes = 0;
+  for (const auto& t : held) held_bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
+  nlohmann::json j = {{"mode", mode},
+                      {"shard_modulation", topts.shard_modulation},
+                      {"tp", tp},
+                      {"rank", rank},
+                      {"checkpoint_bytes", ck->total_bytes()},
+                      {"slice_bytes", slice_bytes},
+                      {"replicated_bytes", replicated_bytes},
+                      {"planned_full_bytes", planned_full},
+                      {"held_bytes", held_bytes},
+                      {"seconds", secs},
+                      {"read_bytes", read},
+                      {"rss_before", rss_before},
+                      {"peak_rss", peak},
+                      {"peak_growth", peak > rss_before ? peak - rss_before : 0}};
+  std::cout << j.dump() << "\n";
+  return 0;
+}
+
+}  // namespace tprun::cli

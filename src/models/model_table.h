@@ -1,0 +1,59 @@
+#pragma once
+// Models as data: one table per model class names every tensor it has (exactly
+// as diffusers / transformers save it), its shape computed from config.json and
+// its tensor-parallel style. The loader, the TP plan, `tprun inspect` and the
+// tests all read the same table.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/slice_plan.h"
+
+namespace tprun::models {
+
+struct TensorSpec {
+  std::string name;            // "transformer_blocks.0.attn.to_q.weight"
+  std::vector<int64_t> shape;  // from config.json
+  checkpoint::ShardStyle style = checkpoint::ShardStyle::Replicated;
+  std::vector<int64_t> blocks;  // packed styles: absolute block sizes along the split dim
+  std::string plan_key;         // the tp_plan entry it falls under ("" = not planned)
+  bool optional = false;        // may be absent (e.g. guidance embedder)
+};
+
+struct ModelTable {
+  std::string cls;                 // "FluxTransformer2DModel"
+  std::vector<TensorSpec> tensors;  // in module order
+  int64_t num_attention_heads = 0;  // tp must divide it (0: no head constraint)
+
+  const TensorSpec* find(const std::string& name) const;
+  // ShardRequest for `name` at (tp_rank, tp_size); replicated when not planned.
+  checkpoint::ShardRequest request(const std::string& name, int tp_rank, int tp_size) const;
+};
+
+// The table for a component's config.json ("_class_name"), or nullopt for
+// classes tprun has no table for. ConfigError / CheckpointError when the
+// config is missing fields the table needs (naming the field).
+struct TableOptions {
+  // Shard the AdaLN modulation linears as rowwise_split_input (off by
+  // default, as in diffusers' plan).
+  bool shard_modulation = false;
+};
+std::optional<ModelTable> model_table_for(const nlohmann::json& config, const std::string& config_path,
+                                          const TableOptions& options = {});
+
+// Registry: tables register a builder for their class name.
+using TableBuilder =
+    std::function<ModelTable(const nlohmann::json& config, const std::string& config_path, const TableOptions&)>;
+bool register_model_table(const std::string& cls, TableBuilder builder);
+
+// Reads an integer field of config.json; CheckpointError naming file and field.
+int64_t config_int(const nlohmann::json& config, const std::string& field, const std::string& config_path);
+std::optional<int64_t> config_int_or_null(const nlohmann::json& config, const std::string& field,
+                                          const std::string& config_path);
+
+}  // namespace tprun::models

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Hostile safetensors files and diffusers folders, for tests and fuzzing.
+
+usage:
+  make_hostile.py corpus OUTDIR   seed corpora: OUTDIR/safetensors/<case> (raw files for
+                                  fuzz_safetensors) and OUTDIR/json_index/<case>.json (index
+                                  texts for fuzz_json_index, whose fixed folder is described
+                                  by FUZZ_SHARDS below)
+  make_hostile.py cli OUTDIR      the hostile cases as files and folders for `tprun inspect`,
+                                  plus OUTDIR/cases.tsv: name <TAB> path <TAB> text the error
+                                  must contain (a tensor name, or '-' where there is none)
+                                  <TAB> extra options of `tprun inspect` ('-' for none);
+                                  OUTDIR/valid.safetensors is a good file
+
+Standard library only (no numpy, no safetensors): the point is to write what a correct
+writer never would. tests/unit/test_safetensors.cpp builds the same cases in C++.
+"""
+import json
+import os
+import struct
+import sys
+
+
+def st(header, data=b"", length=None):
+    """A safetensors file: 8-byte little-endian length, header text, data."""
+    if not isinstance(header, (bytes, str)):
+        header = json.dumps(header, separators=(",", ":"))
+    if isinstance(header, str):
+        header = header.encode()
+    n = len(header) if length is None else length
+    return struct.pack("<Q", n) + header + data
+
+
+def t(dtype, shape, begin, end, **extra):
+    entry = {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
+    entry.update(extra)
+    return entry
+
+
+W = '{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+
+# name -> (bytes, text the error must contain, or None where no tensor is involved)
+FILE_CASES = {
+    "empty_file": (b"", None),
+    "too_short": (b"\x10\x00\x00", None),
+    "truncated_body": (st({"w": t("F32", [2, 2], 0, 16)}, b"\0" * 10), "w"),
+    "header_length_past_end": (st(W, b"\0" * 8, length=4096), None),
+    "huge_header_length": (st(W, b"\0" * 8, length=100000001), None),
+    "header_length_2e63": (st(W, b"\0" * 8, length=1 << 63), None),
+    "header_not_json": (st("{this is not json", b""), None),
+    "header_not_utf8": (st(b'{"\xff\xfe":{}}', b""), None),
+    "json_not_object": (st("[1,2,3]", b""), None),
+    "duplicate_tensor": (st('{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+                            '"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', b"\0" * 8), "w"),
+    "duplicate_field": (st('{"w":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}}',
+                           b"\0" * 4), "dtype"),
+    "overlapping_offsets": (st({"a": t("F32", [2], 0, 8), "b": t("F32", [2], 4, 12)}, b"\0" * 12), "b"),
+    "holey_offsets": (st({"a": t("F32", [1], 0, 4), "b": t("F32", [1], 8, 12)}, b"\0" * 12), "b"),
+    "reversed_offsets": (st({"w": t("F32", [1], 8, 4)}, b"\0" * 8), "w"),
+    "trailing_bytes": (st({"w": t("F32", [1], 0, 4)}, b"\0" * 6), None),
+    "size_mismatch": (st({"w": t("F32", [2, 2], 0, 12)}, b"\0" * 12), "w"),
+    "shape_overflow": (st({"w": t("F32", [1 << 40, 1 << 40, 1 << 40], 0, 0)}), "w"),
+    "shape_wraps_128_bits": (st({"w": t("F32", [1 << 61, 1 << 62], 0, 0)}), "w"),
+    "negative_dim": (st({"w": t("F32", [-1, 4], 0, 0)}), "w"),
+    "negative_offset": (st({"w": t("F32", [1], -4, 0)}), "w"),
+    "float_dim": (st({"w": t("F32", [2.5], 0, 10)}, b"\0" * 10), "w"),
+    "unknown_dtype": (st({"w": t("F128", [1], 0, 16)}, b"\0" * 16), "w"),
+    "sub_byte_shape": (st({"w": t("F4", [3], 0, 2)}, b"\0" * 2), "w"),
+    "metadata_not_string": (st({"__metadata__": {"format": 1}, "w": t("F32", [1], 0, 4)}, b"\0" * 4), None),
+    "metadata_not_object": (st({"__metadata__": "pt", "w": t("F32", [1], 0, 4)}, b"\0" * 4), None),
+    "unknown_field": (st({"w": t("F32", [1], 0, 4, extra=1)}, b"\0" * 4), "w"),
+    "entry_not_object": (st({"w": 5}), "w"),
+    "deeply_nested_shape": (st('{"w":{"dtype":"F32","shape":[' + "[" * 70 + "]" * 70 + '],"data_offsets":[0,4]}}',
+                               b"\0" * 4), None),
+    "missing_dtype": (st({"w": {"shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4), "w"),
+    "offsets_arity": (st({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0]}}, b"\0" * 4), "w"),
+}
+
+# A valid file with several dtypes, a zero-element tensor and metadata.
+VALID = st({"__metadata__": {"format": "pt"},
+            "a": t("F32", [2, 2], 0, 16),
+            "b": t("BF16", [3], 16, 22),
+            "c": t("F16", [0, 4], 22, 22),
+            "d": t("F4", [2, 3], 22, 25),
+            "e": t("I64", [], 25, 33)}, bytes(range(33)))
+
+# fuzz_json_index's fixed folder (keep in sync with tests/fuzz/fuzz_json_index.cpp).
+S1 = "diffusion_pytorch_model-00001-of-00002.safetensors"
+S2 = "diffusion_pytorch_model-00002-of-00002.safetensors"
+FUZZ_SHARDS = {S1: ["a", "b"], S2: ["c"]}
+
+INDEX_CASES = {
+    "valid": {"metadata": {"total_size": 22}, "weight_map": {"a": S1, "b": S1, "c": S2}},
+    "missing_shard": {"weight_map": {"a": S1, "b": S1, "c": "diffusion_pytorch_model-00003-of-00003.safetensors"}},
+    "shard_lacks_tensor": {"weight_map": {"a": S1, "b": S1, "c": S2, "d": S2}},
+    "tensor_not_in_map": {"weight_map": {"a": S1, "c": S2}},
+    "tensor_in_wrong_shard": {"weight_map": {"a": S1, "b": S2, "c": S2}},
+    "orphan_shard": {"weight_map": {"a": S1, "b": S1}},
+    "no_weight_map": {"metadata": {}},
+    "weight_map_not_object": {"weight_map": [S1, S2]},
+    "entry_not_string": {"weight_map": {"a": 1, "b": S1, "c": S2}},
+    "path_traversal": {"weight_map": {"a": "../" + S1, "b": S1, "c": S2}},
+    "dot_dot": {"weight_map": {"a": "..", "b": S1, "c": S2}},
+    "dot": {"weight_map": {"a": ".", "b": S1, "c": S2}},
+    "index_as_shard": {"weight_map": {"a": "diffusion_pytorch_model.safetensors.index.json"}},
+    "not_object": [1, 2],
+}
+INDEX_TEXT_CASES = {
+    "duplicate_key": '{"weight_map":{"a":"%s","a":"%s","b":"%s","c":"%s"}}' % (S1, S2, S1, S2),
+    "duplicate_top": '{"weight_map":{},"weight_map":{"a":"%s","b":"%s","c":"%s"}}' % (S1, S1, S2),
+    "not_json": '{"weight_map": {"a": ',
+}
+
+
+def write(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def make_corpus(out):
+    for name, (data, _) in FILE_CASES.items():
+        write(os.path.join(out, "safetensors", name), data)
+    write(os.path.join(out, "safetensors", "valid"), VALID)
+    for name, idx in INDEX_CASES.items():
+        write(os.path.join(out, "json_index", name + ".json"), json.dumps(idx, indent=1))
+    for name, text in INDEX_TEXT_CASES.items():
+        write(os.path.join(out, "json_index", name + ".json"), text)
+
+
+def folder(out, name, files):
+    for fname, data in files.items():
+        write(os.path.join(out, name, fname), data)
+    return os.path.join(out, name)
+
+
+def make_cli(out):
+    rows = []
+    for name, (data, needle) in FILE_CASES.items():
+        path = os.path.join(out, name + ".safetensors")
+        write(path, data)
+        rows.append((name, path, needle or "-"))
+    # The same bytes as the only weight file of a component folder.
+    rows.append(("folder_truncated_body",
+                 folder(out, "folder_truncated_body",
+                        {"config.json": "{}",
+                         "diffusion_pytorch_model.safetensors": FILE_CASES["truncated_body"][0]}), "w"))
+
+    def shard(names, dtype="F32"):
+        header = {n: t(dtype, [1], 4 * i, 4 * i + 4) for i, n in enumerate(names)}
+        return st(header, b"\0" * (4 * len(names)))
+
+    idx_name = "diffusion_pytorch_model.safetensors.index.json"
+
+    def sharded(name, weight_map, shards, needle):
+        files = {"config.json": "{}", idx_name: json.dumps({"weight_map": weight_map})}
+        files.update({s: shard(ns) for s, ns in shards.items()})
+        rows.append((name, folder(out, name, files), needle))
+
+    sharded("index_missing_shard", {"a": S1, "b": S1, "c": S2}, {S1: ["a", "b"]}, "c")
+    sharded("index_shard_lacks_tensor", {"a": S1, "b": S1, "c": S2, "d": S2}, FUZZ_SHARDS, "d")
+    sharded("index_tensor_not_in_map", {"a": S1, "c": S2}, FUZZ_SHARDS, "b")
+    sharded("index_tensor_in_two_shards", {"a": S1, "b": S1, "c": S2}, {S1: ["a", "b"], S2: ["b", "c"]}, "b")
+    sharded("index_orphan_shard", {"a": S1, "b": S1}, FUZZ_SHARDS, S2)
+    files = {"config.json": "{}", idx_name: json.dumps({"weight_map": {"a": S1, "c": S2}}),
+             S1: FILE_CASES["overlapping_offsets"][0], S2: shard(["c"])}
+    rows.append(("index_hostile_shard", folder(out, "index_hostile_shard", files), "b"))
+    files = {"config.json": "{}", idx_name: INDEX_TEXT_CASES["duplicate_key"],
+             S1: shard(["a", "b"]), S2: shard(["c"])}
+    rows.append(("index_duplicate_key", folder(out, "index_duplicate_key", files), "'a' twice"))
+
+    pickle = b"\x80\x02}q\x00."  # an empty dict, pickled
+    for ext in ("bin", "pt", "ckpt"):
+        path = os.path.join(out, "pickle." + ext)
+        write(path, pickle)
+        rows.append(("pickle_" + ext, path, "safetensors"))
+    rows.append(("pickle_folder",
+                 folder(out, "pickle_folder", {"config.json": "{}", "diffusion_pytorch_model.bin": pickle}),
+                 "diffusion_pytorch_model.bin"))
+    # A good plain file beside a hostile fp16 variant: only --variant fp16 reads the latter.
+    good = st({"w": t("F32", [1], 0, 4)}, b"\0" * 4)
+    rows.append(("variant_fp16_truncated",
+                 folder(out, "variant_fp16_truncated",
+                        {"config.json": "{}", "diffusion_pytorch_model.safetensors": good,
+                         "diffusion_pytorch_model.fp16.safetensors": FILE_CASES["truncated_body"][0]}),
+                 "diffusion_pytorch_model.fp16.safetensors", "--variant fp16"))
+    rows.append(("json_tp2_truncated", os.path.join(out, "truncated_body.safetensors"), "w", "--json --tp 2"))
+    write(os.path.join(out, "valid.safetensors"), VALID)
+    with open(os.path.join(out, "cases.tsv"), "w") as f:
+        for row in rows:
+            row = tuple(row) + ("-",) * (4 - len(row))
+            f.write("\t".join(row) + "\n")
+
+
+def main():
+    if len(sys.argv) != 3 or sys.argv[1] not in ("corpus", "cli"):
+        sys.exit(__doc__)
+    (make_corpus if sys.argv[1] == "corpus" else make_cli)(sys.argv[2])
+
+
+if __name__ == "__main__":
+    main()
