@@ -5,12 +5,16 @@
 # Order: Torch_DIR / CMAKE_PREFIX_PATH given by the user (an unpacked libtorch
 # archive works), else the torch wheel in the venv that tools/setup.sh made
 # ($TPRUN_VENV, default ~/.cache/tprun/venv).
+if(DEFINED ENV{TPRUN_VENV})
+  set(_tprun_venv "$ENV{TPRUN_VENV}")
+else()
+  set(_tprun_venv "$ENV{HOME}/.cache/tprun/venv")
+endif()
+# The venv's Python (diffusers, transformers) runs the parity tests.
+if(EXISTS "${_tprun_venv}/bin/python")
+  set(TPRUN_PYTHON "${_tprun_venv}/bin/python")
+endif()
 if(NOT Torch_DIR AND NOT DEFINED ENV{Torch_DIR})
-  if(DEFINED ENV{TPRUN_VENV})
-    set(_tprun_venv "$ENV{TPRUN_VENV}")
-  else()
-    set(_tprun_venv "$ENV{HOME}/.cache/tprun/venv")
-  endif()
   if(EXISTS "${_tprun_venv}/bin/python")
     execute_process(
       COMMAND "${_tprun_venv}/bin/python" -c

@@ -1,12 +1,14 @@
 // `tprun inspect PATH`: what a checkpoint holds and what each TP rank would read.
 #include <filesystem>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/component_checkpoint.h"
+#include "checkpoint/hdf5_source.h"
 #include "checkpoint/pipeline_folder.h"
 #include "cli/command.h"
 #include "models/model_table.h"
@@ -30,44 +32,92 @@ bool folder_has_weights(const fs::path& dir) {
   return false;
 }
 
+struct Row {
+  std::string name;
+  checkpoint::Dtype dtype;
+  std::vector<int64_t> shape;
+  uint64_t bytes;
+  std::string file;
+};
+
+// What a component holds, from either format.
+struct Listing {
+  nlohmann::json config = nlohmann::json::object();
+  bool has_config = false;
+  std::string config_path;
+  std::string index;
+  std::vector<std::string> files;
+  std::vector<Row> rows;  // by name
+  uint64_t total = 0;
+};
+
+Listing list_component(const std::string& path, const std::string& variant) {
+  Listing l;
+  if (checkpoint::is_hdf5_file(path)) {
+    checkpoint::Hdf5Source src(path);
+    l.config = src.config();
+    l.has_config = src.has_config();
+    l.config_path = path + ":config.json";
+    l.files.push_back(fs::path(path).filename().string());
+    for (const auto& n : src.tensor_names()) {
+      const auto t = src.describe(n);
+      l.rows.push_back({n, t.dtype, t.shape, t.nbytes(), l.files[0]});
+    }
+  } else {
+    ComponentCheckpoint ck = ComponentCheckpoint::open(path, variant);
+    l.config = ck.config();
+    l.has_config = ck.has_config();
+    l.config_path = (fs::path(path) / "config.json").string();
+    l.index = ck.index_path();
+    for (const auto& f : ck.files()) l.files.push_back(fs::path(f.file).filename().string());
+    for (const auto& n : ck.tensor_names()) {
+      const auto loc = ck.locate(n);
+      l.rows.push_back({n, loc.entry->dtype, loc.entry->shape, loc.entry->nbytes(),
+                        fs::path(ck.files()[loc.file].file).filename().string()});
+    }
+  }
+  for (const auto& r : l.rows) l.total += r.bytes;
+  return l;
+}
+
 // Inspects one component; returns its JSON description. Throws on an invalid checkpoint.
 nlohmann::json inspect_component(const std::string& name, const std::string& path, const std::string& variant,
                                  int tp) {
-  ComponentCheckpoint ck = ComponentCheckpoint::open(path, variant);
-  const std::string config_path = (fs::path(path) / "config.json").string();
+  const Listing l = list_component(path, variant);
   std::optional<models::ModelTable> table;
-  if (ck.has_config()) table = models::model_table_for(ck.config(), config_path);
+  if (l.has_config) table = models::model_table_for(l.config, l.config_path);
 
   nlohmann::json out;
   out["name"] = name;
   out["path"] = path;
-  out["class"] = ck.config().value("_class_name", "");
+  out["class"] = l.config.value("_class_name", "");
   out["model_table"] = table.has_value();
-  out["index"] = ck.index_path();
-  for (const auto& f : ck.files()) out["files"].push_back(fs::path(f.file).filename().string());
+  out["index"] = l.index;
+  out["files"] = l.files;
   out["tensors"] = nlohmann::json::array();
-  for (const auto& tname : ck.tensor_names()) {
-    const auto loc = ck.locate(tname);
-    const auto* e = loc.entry;
+  std::set<std::string> present;
+  for (const auto& row : l.rows) {
+    present.insert(row.name);
     nlohmann::json t;
-    t["name"] = tname;
-    t["dtype"] = checkpoint::dtype_name(e->dtype);
-    t["shape"] = e->shape;
-    t["bytes"] = e->nbytes();
-    t["file"] = fs::path(ck.files()[loc.file].file).filename().string();
+    t["name"] = row.name;
+    t["dtype"] = checkpoint::dtype_name(row.dtype);
+    t["shape"] = row.shape;
+    t["bytes"] = row.bytes;
+    t["file"] = row.file;
     std::string plan = "-";
     if (table) {
-      const models::TensorSpec* spec = table->find(tname);
+      const models::TensorSpec* spec = table->find(row.name);
       if (spec == nullptr) {
         plan = "(not in model)";
       } else {
-        if (spec->shape != e->shape) {
-          throw CheckpointError(fmt::format("{}: tensor '{}' has wrong shape; expected {} (from {}), got {}",
-                                            ck.files()[loc.file].file, tname, checkpoint::shape_string(spec->shape),
-                                            config_path, checkpoint::shape_string(e->shape)));
+        if (spec->shape != row.shape) {
+          throw CheckpointError(fmt::format("{}: tensor '{}' has wrong shape; expected {} (from {}), got {}", row.file,
+                                            row.name, checkpoint::shape_string(spec->shape), l.config_path,
+                                            checkpoint::shape_string(row.shape)));
         }
         plan = spec->style == checkpoint::ShardStyle::Replicated ? "replicated"
                                                                   : checkpoint::shard_style_name(spec->style);
+        if (!spec->plan_key.empty()) t["plan_key"] = spec->plan_key;
       }
     }
     t["plan"] = plan;
@@ -75,13 +125,13 @@ nlohmann::json inspect_component(const std::string& name, const std::string& pat
   }
   if (table) {
     for (const auto& spec : table->tensors) {
-      if (!spec.optional && !ck.contains(spec.name)) {
+      if (!spec.optional && !present.count(spec.name)) {
         throw CheckpointError(fmt::format("{}: tensor '{}' (shape {}) that {} needs is missing", path, spec.name,
                                           checkpoint::shape_string(spec.shape), table->cls));
       }
     }
   }
-  out["total_bytes"] = ck.total_bytes();
+  out["total_bytes"] = l.total;
   if (tp > 0) {
     nlohmann::json j;
     j["size"] = tp;
@@ -91,14 +141,13 @@ nlohmann::json inspect_component(const std::string& name, const std::string& pat
       }
       std::vector<uint64_t> per_rank(static_cast<size_t>(tp), 0);
       for (int r = 0; r < tp; ++r) {
-        for (const auto& tname : ck.tensor_names()) {
-          const auto* e = ck.locate(tname).entry;
+        for (const auto& row : l.rows) {
           checkpoint::ShardRequest req;
-          if (table) req = table->request(tname, r, tp);
+          if (table) req = table->request(row.name, r, tp);
           req.tp_rank = r;
           req.tp_size = tp;
           per_rank[static_cast<size_t>(r)] +=
-              checkpoint::plan_slice(tname, e->shape, checkpoint::dtype_bits(e->dtype), req).bytes;
+              checkpoint::plan_slice(row.name, row.shape, checkpoint::dtype_bits(row.dtype), req).bytes;
         }
       }
       j["valid"] = true;
@@ -188,7 +237,7 @@ Command inspect_command() {
   c.add_options = [](po::options_description& desc, po::positional_options_description& pos) {
     po::options_description o("Inspect");
     o.add_options()
-        ("path", po::value<std::string>()->required(), "pipeline folder, component folder or .safetensors file")
+        ("path", po::value<std::string>()->required(), "pipeline folder, component folder, .safetensors or .h5 file")
         ("tp", po::value<int>()->default_value(0), "also check this TP size and show the bytes each rank reads")
         ("json", po::bool_switch(), "print JSON instead of a table")
         ("variant", po::value<std::string>()->default_value(""), "weight variant, e.g. fp16")
@@ -212,9 +261,7 @@ Command inspect_command() {
     } catch (const Error& e) {
       if (saved) std::cout.rdbuf(saved);
       // Identical on every rank: a clean exit everywhere, no MPI_Abort.
-      if (e.kind() == Error::Kind::Checkpoint) throw CheckpointError(e.what(), true);
-      if (e.kind() == Error::Kind::Config) throw ConfigError(e.what(), true);
-      throw;
+      rethrow_on_all_ranks(e);
     }
     if (saved) std::cout.rdbuf(saved);
     return rc;

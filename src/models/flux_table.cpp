@@ -79,7 +79,7 @@ ModelTable build_flux_table(const nlohmann::json& c, const std::string& path, co
     add(name + ".bias", {out}, ShardStyle::Replicated, key);
   };
 
-  linear("x_embedder", inner, in_channels * patch * patch);
+  linear("x_embedder", inner, in_channels);  // in_channels already counts packed patches
   linear("context_embedder", inner, joint_dim);
   linear("time_text_embed.timestep_embedder.linear_1", inner, 256);
   linear("time_text_embed.timestep_embedder.linear_2", inner, inner);

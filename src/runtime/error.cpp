@@ -27,4 +27,15 @@ int Error::exit_code() const noexcept {
   return exit_code::kInternal;
 }
 
+void rethrow_on_all_ranks(const Error& e) {
+  switch (e.kind()) {
+    case Error::Kind::Config: throw ConfigError(e.what(), true);
+    case Error::Kind::Checkpoint: throw CheckpointError(e.what(), true);
+    case Error::Kind::Comm: throw CommError(e.what(), true);
+    case Error::Kind::Request: throw RequestError(e.what(), true);
+    case Error::Kind::Internal: break;
+  }
+  throw Error(Error::Kind::Internal, e.what(), true);
+}
+
 }  // namespace tprun

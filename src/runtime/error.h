@@ -58,6 +58,10 @@ class RequestError : public Error {
       : Error(Kind::Request, m, all_ranks) {}
 };
 
+// Rethrows `e` as the same kind, marked as raised identically on every rank
+// (for file tools whose every rank checks the same input).
+[[noreturn]] void rethrow_on_all_ranks(const Error& e);
+
 // Exit codes of the tprun process.
 namespace exit_code {
 constexpr int kOk = 0;

@@ -365,10 +365,15 @@ TEST(SafetensorsRoundTrip, EveryDtypeKeepsItsBytes) {
     EXPECT_EQ(loc.entry->shape, whole_byte_shape(loc.entry->dtype));
     EXPECT_EQ(read_bytes(many, h.data_start + loc.entry->begin, loc.entry->nbytes()), payloads[i]) << names[i];
   }
-  // Also through std::ifstream, the whole data section at once.
+  // Also through std::ifstream: the whole file at once, each tensor a substring.
   std::ifstream in(many, std::ios::binary);
-  std::string whole((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(whole.size(), h.file_size);
+  const std::string whole((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(whole.size(), h.file_size);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const TensorEntry* e = h.find("t." + names[i]);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(whole.substr(h.data_start + e->begin, e->nbytes()), payloads[i]) << names[i];
+  }
 }
 
 TEST(SafetensorsRoundTrip, ZeroElementAndScalarTensors) {
