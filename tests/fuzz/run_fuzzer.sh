@@ -14,7 +14,7 @@ fuzzer=$1 seeds=$2 secs=$3 runs=$4 work=$5 keep=${6:-}
 mkdir -p "$work/corpus" "$work/artifacts"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=0:detect_stack_use_after_return=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-"$fuzzer" -max_total_time="$secs" -runs="$runs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+"$fuzzer" -max_total_time="$secs" -runs="$runs" -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
   -artifact_prefix="$work/artifacts/" "$work/corpus" "$seeds" >"$work/log" 2>&1
 rc=$?
 grep -E '^(INFO: seed corpus|#[0-9]+[[:space:]]+(INITED|DONE))' "$work/log" | tail -n 3
