@@ -42,8 +42,9 @@ int usage_error(const std::string& message) {
 }  // namespace
 
 const std::vector<Command>& all_commands() {
-  static const std::vector<Command> commands = {env_command(),   inspect_command(), shard_command(),
-                                                convert_command(), bench_command()};
+  static const std::vector<Command> commands = {env_command(),     inspect_command(), shard_command(),
+                                                convert_command(), forward_command(), verify_command(),
+                                                bench_command()};
   return commands;
 }
 

@@ -30,6 +30,8 @@ Command bench_command();
 Command inspect_command();
 Command shard_command();
 Command convert_command();
+Command forward_command();
+Command verify_command();
 
 int run_cli(int argc, char** argv);
 

@@ -124,9 +124,6 @@ FluxTransformer FluxTransformer::load(checkpoint::WeightSource& source, const nl
   m.config_ = FluxConfig::from_json(config, config_path);
   m.tp_ = tp;
   m.shard_modulation_ = options.shard_modulation;
-  if (tp.size > 1 && (!tp.comm || tp.comm->size() != tp.size || tp.comm->rank() != tp.rank)) {
-    throw Error(Error::Kind::Internal, fmt::format("TpContext {}/{} does not match its communicator", tp.rank, tp.size));
-  }
   TableOptions topts;
   topts.shard_modulation = options.shard_modulation;
   auto table = model_table_for(config, config_path, topts);
@@ -134,6 +131,9 @@ FluxTransformer FluxTransformer::load(checkpoint::WeightSource& source, const nl
     throw CheckpointError(fmt::format("{}: not a FluxTransformer2DModel config", config_path));
   }
   validate_flux_plan(*table, source, tp.size);
+  if (tp.size > 1 && (!tp.comm || tp.comm->size() != tp.size || tp.comm->rank() != tp.rank)) {
+    throw Error(Error::Kind::Internal, fmt::format("TpContext {}/{} does not match its communicator", tp.rank, tp.size));
+  }
 
   checkpoint::LoadOptions lopts;
   lopts.mode = options.mode;

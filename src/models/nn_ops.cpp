@@ -46,18 +46,6 @@ at::Tensor timestep_embedding(const at::Tensor& t, int64_t dim, bool flip_sin_to
   return emb;
 }
 
-Rope::Rope() : cos(new at::Tensor()), sin(new at::Tensor()) {}
-Rope::~Rope() {
-  delete cos;
-  delete sin;
-}
-Rope::Rope(const Rope& o) : cos(new at::Tensor(*o.cos)), sin(new at::Tensor(*o.sin)) {}
-Rope& Rope::operator=(const Rope& o) {
-  *cos = *o.cos;
-  *sin = *o.sin;
-  return *this;
-}
-
 Rope rope_frequencies(const at::Tensor& ids, const std::vector<int64_t>& axes_dims, double theta) {
   at::Tensor pos = ids.to(at::kFloat);
   std::vector<at::Tensor> cos_parts, sin_parts;
@@ -71,8 +59,8 @@ Rope rope_frequencies(const at::Tensor& ids, const std::vector<int64_t>& axes_di
     sin_parts.push_back(at::sin(angles).repeat_interleave(2, 1).to(at::kFloat));
   }
   Rope r;
-  *r.cos = at::cat(cos_parts, -1);
-  *r.sin = at::cat(sin_parts, -1);
+  r.cos = std::make_shared<at::Tensor>(at::cat(cos_parts, -1));
+  r.sin = std::make_shared<at::Tensor>(at::cat(sin_parts, -1));
   return r;
 }
 

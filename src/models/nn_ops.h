@@ -5,6 +5,7 @@
 // the diffusers / torch semantics it reproduces.
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace at {
@@ -33,12 +34,8 @@ at::Tensor timestep_embedding(const at::Tensor& t, int64_t dim, bool flip_sin_to
 // axis i with dim d: freqs = 1 / theta^(2j/d), j < d/2 (fp64), angle =
 // pos * freq; cos/sin repeated interleaved (c0 c0 c1 c1 ...).
 struct Rope {
-  Rope();
-  ~Rope();
-  Rope(const Rope&);
-  Rope& operator=(const Rope&);
-  at::Tensor* cos;  // owned
-  at::Tensor* sin;  // owned
+  std::shared_ptr<at::Tensor> cos;  // [S, D] fp32
+  std::shared_ptr<at::Tensor> sin;
 };
 Rope rope_frequencies(const at::Tensor& ids, const std::vector<int64_t>& axes_dims, double theta);
 
