@@ -34,7 +34,9 @@ constexpr int64_t kTextTokens = 8;
 
 double default_tolerance(const std::string& dtype) {
   const auto t = checkpoint::parse_compute_dtype(dtype, "--dtype");
-  return t == at::kBFloat16 ? 2e-2 : t == at::kHalf ? 1e-2 : 1e-4;
+  // bf16 keeps 8 significant bits: one ulp is 1.6e-2 for outputs in [2, 4), and
+  // TP rounds each rank's partial sum once more; 2e-2 failed on O(3) outputs.
+  return t == at::kBFloat16 ? 5e-2 : t == at::kHalf ? 1e-2 : 1e-4;
 }
 
 // Random inputs with a fixed seed, shapes from the config (identical on every rank).
@@ -76,8 +78,8 @@ Command verify_command() {
          "safetensors inputs as for 'tprun forward'; default: random N(0,1) with a fixed seed, an 8x8 "
          "image grid, 8 text tokens, timestep 0.5, guidance 3.5, shapes from config.json")
         ("tolerance", po::value<double>(),
-         "max abs diff of 'sample' allowed; default 1e-4 (fp32), 2e-2 (bf16), 1e-2 (fp16). "
-         "Exit 1 beyond it");
+         "max abs diff of 'sample' allowed; default 1e-4 (fp32), 5e-2 (bf16: 8 significant bits, "
+         "1 ulp = 1.6e-2 at |x| in [2,4)), 1e-2 (fp16). Exit 1 beyond it");
     desc.add(v);
     add_session_options(desc);
   };

@@ -40,7 +40,8 @@ std::vector<at::Tensor> all_reduce_coalesced(const parallel::TpContext& tp, cons
   std::vector<at::Tensor> flat;
   flat.reserve(partials.size());
   for (const auto& p : partials) flat.push_back(p.reshape({-1}));
-  at::Tensor buf = flat.size() == 1 ? flat[0].contiguous().clone() : at::cat(flat, 0);
+  // One partial: reduce it in place (it is a fresh output nobody else holds).
+  at::Tensor buf = flat.size() == 1 ? flat[0].contiguous() : at::cat(flat, 0);
   tp.comm->all_reduce(buf);
   std::vector<at::Tensor> out;
   int64_t offset = 0;

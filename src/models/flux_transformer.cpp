@@ -108,9 +108,9 @@ struct Builder {
 
 at::Tensor input(const TensorMap& in, const std::string& name, int64_t dims) {
   auto it = in.find(name);
-  if (it == in.end() || !it->second.defined()) throw RequestError(fmt::format("input '{}' is missing", name));
+  if (it == in.end() || !it->second.defined()) throw RequestError(fmt::format("input '{}' is missing", name), true);
   if (dims >= 0 && it->second.dim() != dims) {
-    throw RequestError(fmt::format("input '{}' must have {} dims, got {}", name, dims, it->second.dim()));
+    throw RequestError(fmt::format("input '{}' must have {} dims, got {}", name, dims, it->second.dim()), true);
   }
   return it->second;
 }
@@ -218,8 +218,8 @@ at::Tensor FluxTransformer::forward(const TensorMap& in, FluxTrace* trace) const
   at::Tensor t = to_compute(input(in, "timestep", -1).reshape({-1})) * 1000;
   at::Tensor temb = w.t_lin2.forward(nn::silu(w.t_lin1.forward(to_compute(nn::timestep_embedding(t, 256, true, 0)))));
   const bool has_g = in.count("guidance") && in.at("guidance").defined();
-  if (w.has_guidance && !has_g) throw RequestError("this model has guidance_embeds: input 'guidance' is required");
-  if (!w.has_guidance && has_g) throw RequestError("this model has no guidance embedder: drop input 'guidance'");
+  if (w.has_guidance && !has_g) throw RequestError("this model has guidance_embeds: input 'guidance' is required", true);
+  if (!w.has_guidance && has_g) throw RequestError("this model has no guidance embedder: drop input 'guidance'", true);
   if (w.has_guidance) {
     at::Tensor g = to_compute(input(in, "guidance", -1).reshape({-1})) * 1000;
     temb = temb + w.g_lin2.forward(nn::silu(w.g_lin1.forward(to_compute(nn::timestep_embedding(g, 256, true, 0)))));
@@ -234,7 +234,8 @@ at::Tensor FluxTransformer::forward(const TensorMap& in, FluxTrace* trace) const
   if (img_ids.dim() == 3) img_ids = img_ids[0];
   if (txt_ids.size(0) != encoder.size(1) || img_ids.size(0) != hidden.size(1)) {
     throw RequestError(fmt::format("txt_ids/img_ids have {}/{} rows but the sequences are {}/{} tokens",
-                                   txt_ids.size(0), img_ids.size(0), encoder.size(1), hidden.size(1)));
+                                   txt_ids.size(0), img_ids.size(0), encoder.size(1), hidden.size(1)),
+                       true);
   }
   at::Tensor ids = at::cat({txt_ids, img_ids}, 0).to(opts.device());
   nn::Rope rope = nn::rope_frequencies(ids, config_.axes_dims_rope, config_.rope_theta);

@@ -86,7 +86,8 @@ class FluxTransformer {
                               const FluxLoadOptions& options = {});
 
   // `sample` [B, S_img, patch^2 * out_channels] in the compute dtype.
-  // RequestError naming the input for a missing or mis-shaped input.
+  // RequestError naming the input for a missing or mis-shaped input (raised
+  // alike on every rank that gets the same inputs).
   at::Tensor forward(const TensorMap& inputs, FluxTrace* trace = nullptr) const;
 
   // AllReduces one forward issues on the TP communicator (see above).

@@ -51,6 +51,10 @@ verify)
       --shard-modulation --log-dir ''
   [ "$rc" -eq 0 ] || fail "shard-modulation: exit $rc"
   grep -q "all_reduce calls per forward: 7 (plan: 7)" out || fail "shard-modulation collective count"
+  for dt in bf16 fp16; do  # default tolerances 5e-2 / 1e-2
+    run "${mpi[@]}" -np 4 "$tprun" verify --model "$data/model" --tp 4 --dtype "$dt" --log-dir ''
+    [ "$rc" -eq 0 ] || fail "$dt: exit $rc"
+  done
   ;;
 verify_beyond_tolerance)
   run "${mpi[@]}" -np 2 "$tprun" verify --model "$data/model" --tp 2 --tolerance 1e-12 --log-dir ''
