@@ -1,5 +1,5 @@
 // The tensor table of diffusers' FluxTransformer2DModel (FLUX.1 dev/schnell),
-// with diffusers' own tensor-parallel plan:
+// and diffusers' own tensor-parallel plan as data (flux_tp_plan):
 //   double blocks: attn.to_q/to_k/to_v, attn.add_q_proj/add_k_proj/add_v_proj,
 //                  ff.net.0.proj, ff_context.net.0.proj            colwise
 //                  attn.to_out.0, attn.to_add_out, ff.net.2,
@@ -17,9 +17,38 @@
 #include "runtime/error.h"
 
 namespace tprun::models {
-namespace {
 
 using checkpoint::ShardStyle;
+
+TpPlan flux_tp_plan(int64_t inner_dim, int64_t mlp_hidden_dim, bool shard_modulation) {
+  TpPlan plan = {
+      {"transformer_blocks.*.attn.to_q", ShardStyle::Colwise, {}},
+      {"transformer_blocks.*.attn.to_k", ShardStyle::Colwise, {}},
+      {"transformer_blocks.*.attn.to_v", ShardStyle::Colwise, {}},
+      {"transformer_blocks.*.attn.add_q_proj", ShardStyle::Colwise, {}},
+      {"transformer_blocks.*.attn.add_k_proj", ShardStyle::Colwise, {}},
+      {"transformer_blocks.*.attn.add_v_proj", ShardStyle::Colwise, {}},
+      {"transformer_blocks.*.attn.to_out.0", ShardStyle::Rowwise, {}},
+      {"transformer_blocks.*.attn.to_add_out", ShardStyle::Rowwise, {}},
+      {"transformer_blocks.*.ff.net.0.proj", ShardStyle::Colwise, {}},
+      {"transformer_blocks.*.ff.net.2", ShardStyle::Rowwise, {}},
+      {"transformer_blocks.*.ff_context.net.0.proj", ShardStyle::Colwise, {}},
+      {"transformer_blocks.*.ff_context.net.2", ShardStyle::Rowwise, {}},
+      {"single_transformer_blocks.*.attn.to_q", ShardStyle::Colwise, {}},
+      {"single_transformer_blocks.*.attn.to_k", ShardStyle::Colwise, {}},
+      {"single_transformer_blocks.*.attn.to_v", ShardStyle::Colwise, {}},
+      {"single_transformer_blocks.*.proj_mlp", ShardStyle::Colwise, {}},
+      {"single_transformer_blocks.*.proj_out", ShardStyle::PackedRowwise, {inner_dim, mlp_hidden_dim}},
+  };
+  if (shard_modulation) {
+    plan.push_back({"transformer_blocks.*.norm1.linear", ShardStyle::RowwiseSplitInput, {}});
+    plan.push_back({"transformer_blocks.*.norm1_context.linear", ShardStyle::RowwiseSplitInput, {}});
+    plan.push_back({"single_transformer_blocks.*.norm.linear", ShardStyle::RowwiseSplitInput, {}});
+  }
+  return plan;
+}
+
+namespace {
 
 ModelTable build_flux_table(const nlohmann::json& c, const std::string& path, const TableOptions& options) {
   ModelTable t;
@@ -44,41 +73,18 @@ ModelTable build_flux_table(const nlohmann::json& c, const std::string& path, co
   const int64_t mlp = 4 * inner;  // single block mlp_hidden_dim (mlp_ratio 4.0)
   t.num_attention_heads = heads;
 
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, ShardStyle style = ShardStyle::Replicated,
-                 const std::string& key = "", std::vector<int64_t> blocks = {}) {
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
     TensorSpec s;
     s.name = name;
     s.shape = std::move(shape);
-    s.style = style;
-    s.plan_key = key;
-    s.blocks = std::move(blocks);
     t.tensors.push_back(std::move(s));
   };
   auto linear = [&](const std::string& name, int64_t out, int64_t in) {
     add(name + ".weight", {out, in});
     add(name + ".bias", {out});
   };
-  // Colwise: weight and bias split on the output dim.
-  auto colwise = [&](const std::string& prefix, const std::string& rel, const std::string& key, int64_t out,
-                     int64_t in) {
-    add(prefix + rel + ".weight", {out, in}, ShardStyle::Colwise, key);
-    add(prefix + rel + ".bias", {out}, ShardStyle::Colwise, key);
-  };
-  // Rowwise: weight split on the input dim; bias whole, added after the reduce.
-  auto rowwise = [&](const std::string& prefix, const std::string& rel, const std::string& key, int64_t out,
-                     int64_t in, std::vector<int64_t> blocks = {}) {
-    add(prefix + rel + ".weight", {out, in}, blocks.empty() ? ShardStyle::Rowwise : ShardStyle::PackedRowwise,
-        key, blocks);
-    add(prefix + rel + ".bias", {out}, ShardStyle::Replicated, key);
-  };
 
-  // AdaLN modulation: replicated, or rowwise_split_input behind the option.
-  auto modulation = [&](const std::string& name, const std::string& key, int64_t out) {
-    if (!options.shard_modulation) return linear(name, out, inner);
-    add(name + ".weight", {out, inner}, ShardStyle::RowwiseSplitInput, key);
-    add(name + ".bias", {out}, ShardStyle::Replicated, key);
-  };
-
+  // Every tensor, as diffusers saves it (all replicated until the plan applies).
   linear("x_embedder", inner, in_channels);  // in_channels already counts packed patches
   linear("context_embedder", inner, joint_dim);
   linear("time_text_embed.timestep_embedder.linear_1", inner, 256);
@@ -89,35 +95,32 @@ ModelTable build_flux_table(const nlohmann::json& c, const std::string& path, co
   }
   linear("time_text_embed.text_embedder.linear_1", inner, pooled_dim);
   linear("time_text_embed.text_embedder.linear_2", inner, inner);
-
   for (int64_t i = 0; i < layers; ++i) {
     const std::string p = fmt::format("transformer_blocks.{}.", i);
-    const std::string k = "transformer_blocks.*.";
-    modulation(p + "norm1.linear", k + "norm1.linear", 6 * inner);
-    modulation(p + "norm1_context.linear", k + "norm1_context.linear", 6 * inner);
+    linear(p + "norm1.linear", 6 * inner, inner);
+    linear(p + "norm1_context.linear", 6 * inner, inner);
     for (const char* n : {"norm_q", "norm_k", "norm_added_q", "norm_added_k"})
       add(p + "attn." + n + ".weight", {head_dim});
-    for (const char* n : {"to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"})
-      colwise(p, std::string("attn.") + n, k + "attn." + n, inner, inner);
-    rowwise(p, "attn.to_out.0", k + "attn.to_out.0", inner, inner);
-    rowwise(p, "attn.to_add_out", k + "attn.to_add_out", inner, inner);
-    colwise(p, "ff.net.0.proj", k + "ff.net.0.proj", ff, inner);
-    rowwise(p, "ff.net.2", k + "ff.net.2", inner, ff);
-    colwise(p, "ff_context.net.0.proj", k + "ff_context.net.0.proj", ff, inner);
-    rowwise(p, "ff_context.net.2", k + "ff_context.net.2", inner, ff);
+    for (const char* n : {"to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "to_out.0", "to_add_out"})
+      linear(p + "attn." + n, inner, inner);
+    linear(p + "ff.net.0.proj", ff, inner);
+    linear(p + "ff.net.2", inner, ff);
+    linear(p + "ff_context.net.0.proj", ff, inner);
+    linear(p + "ff_context.net.2", inner, ff);
   }
   for (int64_t i = 0; i < single_layers; ++i) {
     const std::string p = fmt::format("single_transformer_blocks.{}.", i);
-    const std::string k = "single_transformer_blocks.*.";
-    modulation(p + "norm.linear", k + "norm.linear", 3 * inner);
+    linear(p + "norm.linear", 3 * inner, inner);
     add(p + "attn.norm_q.weight", {head_dim});
     add(p + "attn.norm_k.weight", {head_dim});
-    for (const char* n : {"to_q", "to_k", "to_v"}) colwise(p, std::string("attn.") + n, k + "attn." + n, inner, inner);
-    colwise(p, "proj_mlp", k + "proj_mlp", mlp, inner);
-    rowwise(p, "proj_out", k + "proj_out", inner, inner + mlp, {inner, mlp});
+    for (const char* n : {"to_q", "to_k", "to_v"}) linear(p + "attn." + n, inner, inner);
+    linear(p + "proj_mlp", mlp, inner);
+    linear(p + "proj_out", inner, inner + mlp);
   }
   linear("norm_out.linear", 2 * inner, inner);
   linear("proj_out", patch * patch * out_channels, inner);
+
+  apply_tp_plan(t, flux_tp_plan(inner, mlp, options.shard_modulation));
   return t;
 }
 

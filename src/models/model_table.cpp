@@ -1,5 +1,6 @@
 #include "models/model_table.h"
 
+#include <algorithm>
 #include <map>
 
 #include <fmt/format.h>
@@ -36,6 +37,55 @@ checkpoint::ShardRequest ModelTable::request(const std::string& name, int tp_ran
     r.blocks_absolute = !t->blocks.empty();
   }
   return r;
+}
+
+namespace {
+
+// "transformer_blocks.*.attn.to_q" matches "transformer_blocks.12.attn.to_q".
+bool pattern_matches(const std::string& pattern, const std::string& module) {
+  const size_t star = pattern.find('*');
+  if (star == std::string::npos) return pattern == module;
+  const std::string head = pattern.substr(0, star), tail = pattern.substr(star + 1);
+  if (module.size() < head.size() + tail.size() + 1) return false;
+  if (module.compare(0, head.size(), head) != 0) return false;
+  if (module.compare(module.size() - tail.size(), tail.size(), tail) != 0) return false;
+  const std::string index = module.substr(head.size(), module.size() - head.size() - tail.size());
+  return !index.empty() && index.find_first_not_of("0123456789") == std::string::npos;
+}
+
+}  // namespace
+
+void apply_tp_plan(ModelTable& table, const TpPlan& plan) {
+  using checkpoint::ShardStyle;
+  for (const auto& entry : plan) {
+    if (std::count(entry.pattern.begin(), entry.pattern.end(), '*') > 1) {
+      throw ConfigError(fmt::format("tp_plan key '{}' of {} has more than one '*'", entry.pattern, table.cls));
+    }
+    bool matched = false;
+    for (auto& t : table.tensors) {
+      const size_t dot = t.name.rfind('.');
+      if (dot == std::string::npos || !pattern_matches(entry.pattern, t.name.substr(0, dot))) continue;
+      if (!t.plan_key.empty()) {
+        throw ConfigError(fmt::format("tensor '{}' of {} is matched by tp_plan keys '{}' and '{}'", t.name,
+                                      table.cls, t.plan_key, entry.pattern));
+      }
+      matched = true;
+      t.plan_key = entry.pattern;
+      const bool is_weight = t.name.compare(dot + 1, std::string::npos, "weight") == 0;
+      if (is_weight) {
+        t.style = entry.style;
+        t.blocks = entry.blocks;
+      } else if (entry.style == ShardStyle::Colwise || entry.style == ShardStyle::PackedColwise) {
+        t.style = entry.style;  // the bias is split with the output features
+        t.blocks = entry.blocks;
+      } else {
+        t.style = ShardStyle::Replicated;  // added once, after the reduce
+      }
+    }
+    if (!matched) {
+      throw ConfigError(fmt::format("tp_plan key '{}' matches no module of {}", entry.pattern, table.cls));
+    }
+  }
 }
 
 bool register_model_table(const std::string& cls, TableBuilder builder) {

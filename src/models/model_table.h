@@ -38,6 +38,28 @@ struct ModelTable {
 // The table for a component's config.json ("_class_name"), or nullopt for
 // classes tprun has no table for. ConfigError / CheckpointError when the
 // config is missing fields the table needs (naming the field).
+// A tensor-parallel plan as data: module patterns with at most one '*' (the
+// part before it names a list of blocks; '*' matches one block index) and
+// their styles; packed styles carry absolute block sizes along the split dim.
+struct PlanEntry {
+  std::string pattern;  // "transformer_blocks.*.attn.to_q"
+  checkpoint::ShardStyle style = checkpoint::ShardStyle::Replicated;
+  std::vector<int64_t> blocks;
+};
+using TpPlan = std::vector<PlanEntry>;
+
+// Applies `plan` to `table` (whose tensors start replicated). A module is a
+// tensor name without its last component (".weight", ".bias"). Weights take
+// the entry's style; biases are split with colwise layers and stay whole for
+// the row-wise styles (added once, after the reduce). ConfigError naming the
+// key and the class for: a pattern with more than one '*', a key that matches
+// no module, a module matched by two keys.
+void apply_tp_plan(ModelTable& table, const TpPlan& plan);
+
+// FLUX.1's plan (diffusers' _tp_plan for FluxTransformer2DModel), plus the
+// AdaLN modulations as rowwise_split_input when `shard_modulation`.
+TpPlan flux_tp_plan(int64_t inner_dim, int64_t mlp_hidden_dim, bool shard_modulation);
+
 struct TableOptions {
   // Shard the AdaLN modulation linears as rowwise_split_input (off by
   // default, as in diffusers' plan).
