@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/component_checkpoint.h"
+#include "checkpoint/hdf5_util.h"
 #include "checkpoint/hdf5_writer.h"
 #include "checkpoint/safetensors_source.h"
 #include "checkpoint/strict_json.h"
@@ -23,63 +24,6 @@ static_assert(std::is_same_v<hid_t, int64_t>, "Hdf5Source keeps hid_t values as 
 
 namespace {
 
-// One HDF5 identifier, closed with its close function.
-class H5Handle {
- public:
-  using Closer = herr_t (*)(hid_t);
-  H5Handle() = default;
-  H5Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
-  H5Handle(H5Handle&& o) noexcept : id_(o.id_), closer_(o.closer_) { o.id_ = -1; }
-  H5Handle& operator=(H5Handle&& o) noexcept {
-    if (this != &o) {
-      if (id_ >= 0) closer_(id_);
-      id_ = o.id_;
-      closer_ = o.closer_;
-      o.id_ = -1;
-    }
-    return *this;
-  }
-  H5Handle(const H5Handle&) = delete;
-  H5Handle& operator=(const H5Handle&) = delete;
-  ~H5Handle() {
-    if (id_ >= 0) closer_(id_);
-  }
-  hid_t get() const { return id_; }
-
- private:
-  hid_t id_ = -1;
-  Closer closer_ = nullptr;
-};
-
-// The HDF5 error stack as one line ("unable to open file (file signature not found)"), cleared.
-std::string h5_error_text() {
-  struct Walk {
-    std::string first, last;
-  } w;
-  H5Ewalk2(
-      H5E_DEFAULT, H5E_WALK_DOWNWARD,
-      [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {
-        auto* w = static_cast<Walk*>(data);
-        if (e->desc != nullptr && *e->desc != '\0') {
-          if (w->first.empty()) w->first = e->desc;
-          w->last = e->desc;
-        }
-        return 0;
-      },
-      &w);
-  H5Eclear2(H5E_DEFAULT);
-  if (w.first.empty()) return "HDF5 error";
-  return w.first == w.last ? w.first : fmt::format("{} ({})", w.first, w.last);
-}
-
-hid_t check_id(hid_t id, const std::string& where, const std::string& what) {
-  if (id < 0) throw CheckpointError(fmt::format("{}: {} failed: {}", where, what, h5_error_text()));
-  return id;
-}
-
-void check_rc(herr_t rc, const std::string& where, const std::string& what) {
-  if (rc < 0) throw CheckpointError(fmt::format("{}: {} failed: {}", where, what, h5_error_text()));
-}
 
 // A string attribute (fixed-length or variable-length), or nullopt when absent.
 std::optional<std::string> read_string_attribute(hid_t loc, const std::string& name, const std::string& where) {

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/hdf5_util.h"
 #include "checkpoint/safetensors_source.h"
 #include "runtime/error.h"
 
@@ -23,71 +24,6 @@ namespace tprun::checkpoint {
 namespace fs = std::filesystem;
 namespace {
 
-// One HDF5 identifier, closed with its close function.
-class H5Handle {
- public:
-  using Closer = herr_t (*)(hid_t);
-  H5Handle() = default;
-  H5Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
-  H5Handle(H5Handle&& o) noexcept : id_(o.id_), closer_(o.closer_) { o.id_ = -1; }
-  H5Handle& operator=(H5Handle&& o) noexcept {
-    if (this != &o) {
-      reset();
-      id_ = o.id_;
-      closer_ = o.closer_;
-      o.id_ = -1;
-    }
-    return *this;
-  }
-  H5Handle(const H5Handle&) = delete;
-  H5Handle& operator=(const H5Handle&) = delete;
-  ~H5Handle() { reset(); }
-  hid_t get() const { return id_; }
-  // Closes now and reports whether that worked.
-  bool close() {
-    const bool ok = id_ < 0 || closer_(id_) >= 0;
-    id_ = -1;
-    return ok;
-  }
-
- private:
-  void reset() {
-    if (id_ >= 0) closer_(id_);
-    id_ = -1;
-  }
-  hid_t id_ = -1;
-  Closer closer_ = nullptr;
-};
-
-// The HDF5 error stack as one line ("unable to create file: ... (innermost)"), cleared.
-std::string h5_error_text() {
-  struct Walk {
-    std::string first, last;
-  } w;
-  H5Ewalk2(
-      H5E_DEFAULT, H5E_WALK_DOWNWARD,
-      [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {
-        auto* w = static_cast<Walk*>(data);
-        if (e->desc != nullptr && *e->desc != '\0') {
-          if (w->first.empty()) w->first = e->desc;
-          w->last = e->desc;
-        }
-        return 0;
-      },
-      &w);
-  H5Eclear2(H5E_DEFAULT);
-  if (w.first.empty()) return "HDF5 error";
-  return w.first == w.last ? w.first : fmt::format("{} ({})", w.first, w.last);
-}
-
-hid_t check_id(hid_t id, const std::string& where, const std::string& what) {
-  if (id < 0) throw CheckpointError(fmt::format("{}: {} failed: {}", where, what, h5_error_text()));
-  return id;
-}
-
-void check_rc(herr_t rc, const std::string& where, const std::string& what) {
-  if (rc < 0) throw CheckpointError(fmt::format("{}: {} failed: {}", where, what, h5_error_text()));
-}
 
 // Half precision (IEEE binary16) or bfloat16 as an HDF5 float type.
 hid_t make_float16_type(bool bf16) {
