@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/bench_load.h"
+#include "cli/bench_step.h"
 #include "cli/command.h"
 #include "cli/session_options.h"
 #include "dist/device_mesh.h"
@@ -127,12 +128,13 @@ int run_collectives(const BenchOptions& o, Session& session) {
 Command bench_command() {
   Command c;
   c.name = "bench";
-  c.summary = "benchmarks: 'collectives' (all_reduce vs bare MPI), 'load' (one rank's checkpoint load)";
-  c.usage = "collectives|load";
+  c.summary = "benchmarks: 'collectives' (all_reduce vs bare MPI), 'load' (one rank's checkpoint load), "
+              "'step' (transformer forward time)";
+  c.usage = "collectives|load|step";
   c.add_options = [](po::options_description& desc, po::positional_options_description& pos) {
     po::options_description b("Benchmark");
     b.add_options()
-        ("what", po::value<std::string>()->required(), "what to measure: collectives | load")
+        ("what", po::value<std::string>()->required(), "what to measure: collectives | load | step")
         ("min-size", po::value<std::string>()->default_value("4KiB"), "smallest message")
         ("max-size", po::value<std::string>()->default_value("64MiB"), "largest message (x2 steps)")
         ("dtypes", po::value<std::string>()->default_value("fp32,bf16"), "comma-separated: fp32,bf16,fp16")
@@ -141,13 +143,15 @@ Command bench_command() {
     desc.add(b);
     pos.add("what", 1);
     add_load_bench_options(desc);
+    add_step_bench_options(desc);
     add_session_options(desc);
   };
   c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
     const std::string what = vm["what"].as<std::string>();
     if (what == "load") return run_load_bench(vm);
+    if (what == "step") return run_step_bench(vm, argc, argv);
     if (what != "collectives") {
-      throw ConfigError(fmt::format("tprun bench: unknown benchmark '{}'; available: collectives, load", what),
+      throw ConfigError(fmt::format("tprun bench: unknown benchmark '{}'; available: collectives, load, step", what),
                         true);
     }
     BenchOptions o;
