@@ -112,6 +112,11 @@ find_package(GTest REQUIRED)
 # read with hyperslabs, collectively through MPI-IO.
 pkg_check_modules(HDF5P REQUIRED IMPORTED_TARGET hdf5-openmpi)
 
+# Tokenizers: SentencePiece (T5) and ICU's Unicode properties, NFC and
+# lower-casing (CLIP's text clean-up).
+pkg_check_modules(SPM REQUIRED IMPORTED_TARGET sentencepiece)
+pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
+
 # libtorch's include folder carries its own, newer {fmt} headers, which would
 # shadow the {fmt} that Debian's spdlog was compiled against. tprun's code and
 # spdlog must see the system {fmt}: a folder of links to it goes first on the

@@ -15,7 +15,7 @@ packages=(
   build-essential cmake ninja-build pkg-config ccache clang bc git
   openmpi-bin libopenmpi-dev libhdf5-openmpi-dev
   libspdlog-dev libfmt-dev libboost-program-options-dev libgtest-dev
-  nlohmann-json3-dev libtomlplusplus-dev libsentencepiece-dev libpng-dev
+  nlohmann-json3-dev libtomlplusplus-dev libsentencepiece-dev libicu-dev libpng-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,5 +1,5 @@
 // The tensor-parallel Flux.1 transformer against diffusers' reference forward
-// (tests/data/flux_transformer, from ../shared/ref): tp = world size (1, 2, 4),
+// (tests/data/flux_transformer, from the reference set shared/ref): tp = world size (1, 2, 4),
 // sharded and single-file checkpoints, bitwise identity across the group, the
 // AllReduce count the plan implies, plan validation before any byte is read,
 // bf16 / fp16 and shard_modulation.

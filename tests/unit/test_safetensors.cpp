@@ -7,7 +7,7 @@
 // fuzz corpus. Positive cases: every dtype round-trips through
 // write_safetensors, zero-element tensors, metadata, variants, and the
 // reference Flux checkpoint sharded and unsharded (tests/data/flux_transformer,
-// a copy of ../shared/ref/flux_transformer/model{,_single}).
+// a copy of the reference set shared/ref/flux_transformer/model{,_single}).
 #include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
