@@ -14,12 +14,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-nlohmann::json read_optional_json(const fs::path& path, const std::string& what) {
-  if (!fs::exists(path)) return nlohmann::json::object();
-  nlohmann::json j = checkpoint::read_json_file(path.string(), what);
-  if (!j.is_object()) throw CheckpointError(fmt::format("{}: {} is not a JSON object", path.string(), what));
-  return j;
-}
 
 }  // namespace
 

@@ -1,4 +1,7 @@
 #include "pipelines/tokenizer_common.h"
+#include "checkpoint/strict_json.h"
+
+#include <filesystem>
 
 #include <algorithm>
 
@@ -163,6 +166,14 @@ bool is_python_space(char32_t c) {
   if (u_charType(ch) == U_SPACE_SEPARATOR) return true;
   const UCharDirection d = u_charDirection(ch);
   return d == U_WHITE_SPACE_NEUTRAL || d == U_BLOCK_SEPARATOR || d == U_SEGMENT_SEPARATOR;
+}
+
+nlohmann::json read_optional_json(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return nlohmann::json::object();
+  nlohmann::json j = checkpoint::read_json_file(path, what);
+  if (!j.is_object()) throw CheckpointError(fmt::format("{}: {} is not a JSON object", path, what));
+  return j;
 }
 
 }  // namespace tprun::pipelines

@@ -38,6 +38,10 @@ struct TextPiece {
 
 // Reads "added_tokens_decoder" of a parsed tokenizer_config.json (`file`
 // names it in errors). Throws CheckpointError on malformed entries.
+// A tokenizer folder's optional JSON file (tokenizer_config.json, ...): an
+// empty object when absent; CheckpointError naming the file when not an object.
+nlohmann::json read_optional_json(const std::string& path, const std::string& what);
+
 std::vector<AddedToken> parse_added_tokens(const nlohmann::json& config, const std::string& file);
 
 // The string of a special token entry ("<pad>" or {"content": "<pad>", ...})

@@ -23,6 +23,7 @@
 #include "dist/mpi_communicator.h"
 #include "models/flux_transformer.h"
 #include "runtime/error.h"
+#include "test_data.h"
 
 namespace tprun::models {
 namespace {
@@ -30,9 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path data_dir() {
-  const char* src = std::getenv("TPRUN_SRC");
-  fs::path root = src ? fs::path(src) : fs::path(__FILE__).parent_path().parent_path().parent_path();
-  return root / "tests/data/flux_transformer";
+  return test::data_dir("flux_transformer");
 }
 
 double max_abs(const at::Tensor& a, const at::Tensor& b) {

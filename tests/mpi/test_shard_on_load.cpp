@@ -16,6 +16,7 @@
 #include "dist/comm_watchdog.h"
 #include "dist/mpi_communicator.h"
 #include "models/model_table.h"
+#include "test_data.h"
 
 namespace tprun::checkpoint {
 namespace {
@@ -23,9 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 
 TEST(ShardOnLoad, SlicesGatherBackToTheReferenceTensors) {
-  const char* src = std::getenv("TPRUN_SRC");
-  fs::path root = src ? fs::path(src) : fs::path(__FILE__).parent_path().parent_path().parent_path();
-  const fs::path dir = root / "tests/data/flux_transformer/model";
+  const fs::path dir = test::data_dir("flux_transformer") / "model";
   if (!fs::exists(dir)) GTEST_SKIP() << "reference data missing";
   dist::MpiCommunicator comm(MPI_COMM_WORLD, "world", dist::CommWatchdog::global());
   const int tp = comm.size();

@@ -22,6 +22,7 @@
 #include "checkpoint/tensor_file.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "runtime/error.h"
+#include "test_data.h"
 
 namespace tprun::pipelines {
 namespace {
@@ -29,12 +30,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-fs::path source_dir() {
-  if (const char* s = std::getenv("TPRUN_SRC"); s != nullptr && *s != '\0') return s;
-  return fs::path(__FILE__).parent_path().parent_path().parent_path();
-}
+using test::source_dir;
 
-fs::path case_dir() { return source_dir() / "tests" / "data" / "flow_match_scheduler"; }
+fs::path case_dir() { return test::data_dir("flow_match_scheduler"); }
 
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();

@@ -16,18 +16,14 @@
 #include "checkpoint/tensor_file.h"
 #include "pipelines/latents.h"
 #include "runtime/error.h"
+#include "test_data.h"
 
 namespace tprun::pipelines {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path source_dir() {
-  if (const char* s = std::getenv("TPRUN_SRC"); s != nullptr && *s != '\0') return s;
-  return fs::path(__FILE__).parent_path().parent_path().parent_path();
-}
-
-fs::path pipeline_case() { return source_dir() / "tests" / "data" / "flux_pipeline"; }
+fs::path pipeline_case() { return test::data_dir("flux_pipeline"); }
 
 std::string request_error(int64_t height, int64_t width, int64_t vae_scale_factor = kFluxVaeScaleFactor) {
   try {

@@ -13,6 +13,7 @@
 #include "checkpoint/shard_loader.h"
 #include "runtime/error.h"
 #include "runtime/size_string.h"
+#include "test_data.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/equal.h>
@@ -22,11 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path ref_model() {
-  const char* s = std::getenv("TPRUN_SRC");
-  fs::path root = s ? fs::path(s) : fs::path(__FILE__).parent_path().parent_path().parent_path();
-  return root / "tests/data/flux_transformer/model";
-}
+fs::path ref_model() { return test::data_dir("flux_transformer") / "model"; }
 
 fs::path fresh_dir(const std::string& tag) {
   fs::path p = fs::temp_directory_path() / fmt::format("tprun-reshard-{}-{}", ::getpid(), tag);

@@ -33,6 +33,7 @@
 #include "checkpoint/safetensors_writer.h"
 #include "checkpoint/strict_json.h"
 #include "runtime/error.h"
+#include "test_data.h"
 
 namespace tprun::checkpoint {
 namespace {
@@ -40,12 +41,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-fs::path source_dir() {
-  if (const char* s = std::getenv("TPRUN_SRC"); s != nullptr && *s != '\0') return s;
-  return fs::path(__FILE__).parent_path().parent_path().parent_path();
-}
-
-fs::path reference_dir() { return source_dir() / "tests" / "data" / "flux_transformer"; }
+fs::path reference_dir() { return test::data_dir("flux_transformer"); }
 
 class ScratchDir {
  public:

@@ -21,16 +21,14 @@
 #include "checkpoint/torch_dtype.h"
 #include "models/model_table.h"
 #include "runtime/error.h"
+#include "test_data.h"
 
 namespace tprun::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path source_dir() {
-  if (const char* s = std::getenv("TPRUN_SRC")) return s;
-  return fs::path(__FILE__).parent_path().parent_path().parent_path();
-}
+using test::source_dir;
 
 class TempDir {
  public:

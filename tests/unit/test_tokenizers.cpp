@@ -17,6 +17,7 @@
 #include "pipelines/clip_tokenizer.h"
 #include "pipelines/t5_tokenizer.h"
 #include "runtime/error.h"
+#include "test_data.h"
 
 namespace tprun::pipelines {
 namespace {
@@ -25,11 +26,7 @@ namespace fs = std::filesystem;
 
 constexpr int kCases = 30;
 
-fs::path data_dir() {
-  if (const char* s = std::getenv("TPRUN_SRC"); s != nullptr && *s != '\0')
-    return fs::path(s) / "tests" / "data" / "tokenizers";
-  return fs::path(__FILE__).parent_path().parent_path() / "data" / "tokenizers";
-}
+fs::path data_dir() { return test::data_dir("tokenizers"); }
 
 const nlohmann::json& cases() {
   static const nlohmann::json j = [] {
