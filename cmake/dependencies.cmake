@@ -115,7 +115,14 @@ pkg_check_modules(HDF5P REQUIRED IMPORTED_TARGET hdf5-openmpi)
 # Tokenizers: SentencePiece (T5) and ICU's Unicode properties, NFC and
 # lower-casing (CLIP's text clean-up).
 pkg_check_modules(SPM REQUIRED IMPORTED_TARGET sentencepiece)
+# The trainer (`tprun init-model` learns its tiny T5 vocabulary): Debian's
+# sentencepiece.pc lists it, other builds may not, so it is added explicitly.
+find_library(SPM_TRAIN_LIBRARY NAMES sentencepiece_train HINTS ${SPM_LIBRARY_DIRS} REQUIRED)
+set_property(TARGET PkgConfig::SPM APPEND PROPERTY INTERFACE_LINK_LIBRARIES "${SPM_TRAIN_LIBRARY}")
 pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
+
+# PNG output of generated images (pipelines/png_image.cpp).
+find_package(PNG REQUIRED)
 
 # libtorch's include folder carries its own, newer {fmt} headers, which would
 # shadow the {fmt} that Debian's spdlog was compiled against. tprun's code and

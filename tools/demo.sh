@@ -1,9 +1,24 @@
 #!/usr/bin/env bash
-# The main job. For now: four ranks, TP groups of two, each rank's view of the
-# mesh. (Later issues turn this into a real generation job.)
+# The main job, on a model the tool writes itself (no download):
+#   1. set up and build if needed;
+#   2. `tprun init-model` writes a tiny FLUX.1 pipeline folder (random weights,
+#      tokenizers trained on bundled text) into $TPRUN_DEMO_DIR/model;
+#   3. `mpirun -np 4 tprun run jobs/demo.toml`: a dozen prompts over 2
+#      data-parallel replicas x tp 2 (rerunning resumes: finished images are kept);
+#   4. prints where the images and results are.
+# $TPRUN_DEMO_DIR defaults to build/demo. Extra arguments go to `tprun run`
+# (e.g. --set defaults.steps=8, --retry-failed).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/tools/setup.sh"
 "$root/tools/build.sh" tprun
+tprun="${TPRUN_BUILD_DIR:-$root/build}/bin/tprun"
+demo=${TPRUN_DEMO_DIR:-$root/build/demo}
+mkdir -p "$demo"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-exec mpirun -np 4 --oversubscribe "${TPRUN_BUILD_DIR:-$root/build}/bin/tprun" env --tp 2 --log-dir "${TMPDIR:-/tmp}/tprun-demo-logs" "$@"
+if [ ! -f "$demo/model/model_index.json" ]; then
+  "$tprun" init-model "$demo/model" --arch flux --preset tiny
+fi
+mpirun -np 4 --oversubscribe "$tprun" run "$root/jobs/demo.toml" --set "model=\"$demo/model\"" --out "$demo/out" \
+  --log-dir "$demo/logs" "$@"
+echo "demo: images in $demo/out/images, results in $demo/out/results.jsonl (model $demo/model, logs $demo/logs)"

@@ -42,9 +42,10 @@ int usage_error(const std::string& message) {
 }  // namespace
 
 const std::vector<Command>& all_commands() {
-  static const std::vector<Command> commands = {env_command(),     inspect_command(), shard_command(),
-                                                convert_command(), forward_command(), verify_command(),
-                                                bench_command()};
+  static const std::vector<Command> commands = {
+      run_command(),     generate_command(), init_model_command(), tokenize_command(), env_command(),
+      inspect_command(), shard_command(),    convert_command(),    forward_command(),  verify_command(),
+      bench_command()};
   return commands;
 }
 

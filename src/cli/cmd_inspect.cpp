@@ -90,7 +90,7 @@ nlohmann::json inspect_component(const std::string& name, const std::string& pat
   nlohmann::json out;
   out["name"] = name;
   out["path"] = path;
-  out["class"] = l.config.value("_class_name", "");
+  out["class"] = table ? table->cls : l.config.value("_class_name", std::string());
   out["model_table"] = table.has_value();
   out["index"] = l.index;
   out["files"] = l.files;

@@ -10,6 +10,7 @@
 #include <ATen/ops/abs.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/stack.h>
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "checkpoint/tensor_file.h"
 #include "checkpoint/torch_dtype.h"
 #include "cli/command.h"
+#include "cli/component_forward.h"
 #include "cli/flux_args.h"
 #include "cli/session_options.h"
 #include "dist/communicator.h"
@@ -68,7 +70,7 @@ Diff diff(const at::Tensor& a, const at::Tensor& b) {
 Command verify_command() {
   Command c;
   c.name = "verify";
-  c.summary = "compare the TP forward against tp 1 (max/mean abs diff of the output and per block)";
+  c.summary = "compare the TP forward (transformer, or T5 with --component text_encoder_2) against tp 1, per block";
   c.add_options = [](po::options_description& desc, po::positional_options_description&) {
     add_flux_options(desc, true);
     po::options_description v("Verify");
@@ -86,8 +88,11 @@ Command verify_command() {
   c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
     Session session(argc, argv, session_options_from(vm));
     FluxArgs args = flux_args_from(vm);
-    if (args.component != "transformer") {
-      throw ConfigError(fmt::format("--component {}: tprun verify runs the transformer only", args.component), true);
+    if (args.component != "transformer" && args.component != "text_encoder_2") {
+      throw ConfigError(fmt::format("--component {}: only the transformer and text_encoder_2 (T5) have a TP plan; "
+                                    "the other components are replicated",
+                                    args.component),
+                        true);
     }
     const double tol = vm.count("tolerance") ? vm["tolerance"].as<double>() : default_tolerance(args.dtype);
     dist::MeshSpec spec;
@@ -96,17 +101,38 @@ Command verify_command() {
     parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
     const std::string device = session.device().device;
 
-    // The TP model first: a plan error stops before the reference is loaded.
-    auto sharded = load_flux(args, tp, device);
-    auto local = load_flux(args, parallel::TpContext{}, device);
-    auto inputs = vm.count("inputs") ? checkpoint::read_tensor_file(vm["inputs"].as<std::string>())
-                                     : random_inputs(local.config());
-    models::FluxTrace ref_trace, tp_trace;
-    at::Tensor ref = local.forward(inputs, &ref_trace);
-    if (tp.comm) tp.comm->reset_stats();
-    at::Tensor out = sharded.forward(inputs, &tp_trace);
-    const uint64_t reduces = tp.comm ? tp.comm->stats()[dist::CollectiveKind::AllReduce].calls : 0;
-
+    models::Trace ref_trace, tp_trace;
+    at::Tensor ref, out;
+    uint64_t reduces = 0;
+    int64_t planned = 0;
+    if (args.component == "text_encoder_2") {
+      // T5: random token ids (seeded) of config vocab_size, batch 2 x 16 tokens.
+      std::string config_path;
+      const auto config = models::read_component_config(args.path, &config_path);
+      const int64_t vocab = models::config_int(config, "vocab_size", config_path);
+      models::TensorMap inputs;
+      if (vm.count("inputs")) {
+        inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
+      } else {
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(kSeed);
+        inputs["input_ids"] = at::randint(vocab, {2, 2 * kTextTokens}, gen, at::TensorOptions().dtype(at::kLong));
+      }
+      if (tp.comm) tp.comm->reset_stats();
+      out = run_component(args, inputs, tp, device, &tp_trace, &planned).at("last_hidden_state");
+      reduces = tp.comm ? tp.comm->stats()[dist::CollectiveKind::AllReduce].calls : 0;
+      ref = run_component(args, inputs, parallel::TpContext{}, device, &ref_trace).at("last_hidden_state");
+    } else {
+      // The TP model first: a plan error stops before the reference is loaded.
+      auto sharded = load_flux(args, tp, device);
+      auto local = load_flux(args, parallel::TpContext{}, device);
+      auto inputs = vm.count("inputs") ? checkpoint::read_tensor_file(vm["inputs"].as<std::string>())
+                                       : random_inputs(local.config());
+      ref = local.forward(inputs, &ref_trace);
+      if (tp.comm) tp.comm->reset_stats();
+      out = sharded.forward(inputs, &tp_trace);
+      reduces = tp.comm ? tp.comm->stats()[dist::CollectiveKind::AllReduce].calls : 0;
+      planned = sharded.all_reduces_per_forward();
+    }
     const Diff total = diff(ref, out);
     int bad = total.max > tol ? 1 : 0;
     at::Tensor verdict = at::full({1}, bad, at::TensorOptions().dtype(at::kInt));
@@ -119,14 +145,15 @@ Command verify_command() {
       for (size_t i = 0; i < ref_trace.size() && i < tp_trace.size(); ++i) {
         const auto& name = ref_trace[i].first;
         if (name.rfind("transformer_blocks.", 0) != 0 && name.rfind("single_transformer_blocks.", 0) != 0 &&
-            name != "norm_out")
+            name != "norm_out" && name.rfind("block_output.", 0) != 0)
           continue;
         const Diff d = diff(ref_trace[i].second, tp_trace[i].second);
         std::printf("%-52s %12.3e %12.3e\n", name.c_str(), d.max, d.mean);
       }
-      std::printf("%-52s %12.3e %12.3e\n", "sample", total.max, total.mean);
+      std::printf("%-52s %12.3e %12.3e\n", args.component == "transformer" ? "sample" : "last_hidden_state", total.max,
+                  total.mean);
       std::printf("all_reduce calls per forward: %llu (plan: %lld)\n", static_cast<unsigned long long>(reduces),
-                  static_cast<long long>(sharded.all_reduces_per_forward()));
+                  static_cast<long long>(planned));
       std::printf("%s: max abs diff %.3e %s tolerance %.1e\n", bad ? "FAIL" : "OK", total.max, bad ? ">" : "<=", tol);
       std::fflush(stdout);
     }

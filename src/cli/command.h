@@ -32,6 +32,10 @@ Command shard_command();
 Command convert_command();
 Command forward_command();
 Command verify_command();
+Command tokenize_command();
+Command generate_command();
+Command run_command();
+Command init_model_command();
 
 int run_cli(int argc, char** argv);
 

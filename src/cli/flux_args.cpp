@@ -7,6 +7,7 @@
 #include "checkpoint/hdf5_source.h"
 #include "checkpoint/pipeline_folder.h"
 #include "checkpoint/torch_dtype.h"
+#include "cli/component_forward.h"
 #include "runtime/error.h"
 
 namespace tprun::cli {
@@ -19,7 +20,8 @@ void add_flux_options(po::options_description& desc, bool with_component) {
       ("model", po::value<std::string>(), "component folder, HDF5 file, or pipeline folder (with --component)");
   if (with_component) {
     m.add_options()("component", po::value<std::string>()->default_value("transformer"),
-                    "component of a pipeline folder (only 'transformer': FluxTransformer2DModel)");
+                    "component: transformer | text_encoder | text_encoder_2 | vae_decoder | vae_encoder (the last two read vae/); "
+                    "with a component folder it says what the folder holds");
   }
   m.add_options()
       ("variant", po::value<std::string>()->default_value(""), "weights variant (fp16: *.fp16.safetensors)")
@@ -42,7 +44,7 @@ FluxArgs flux_args_from(const po::variables_map& vm) {
   a.path = a.model;
   if (checkpoint::is_pipeline_folder(a.model)) {
     auto folder = checkpoint::open_pipeline_folder(a.model);
-    const auto* c = folder.find(a.component);
+    const auto* c = folder.find(component_folder(a.component));
     if (!c) {
       throw ConfigError(fmt::format("--component {}: pipeline {} has no such component", a.component, a.model), true);
     }

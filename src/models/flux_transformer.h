@@ -29,6 +29,7 @@
 
 #include "checkpoint/shard_loader.h"
 #include "models/model_table.h"
+#include "models/tensor_map.h"
 #include "parallel/tp_context.h"
 
 namespace at {
@@ -70,11 +71,10 @@ void validate_flux_plan(const ModelTable& table, const checkpoint::WeightSource&
 // encoder_hidden_states [B, S_txt, joint_dim], pooled_projections [B, pooled],
 // timestep [B], img_ids [S_img, 3], txt_ids [S_txt, 3], guidance [B]
 // (required iff the model has guidance_embeds).
-using TensorMap = std::map<std::string, at::Tensor>;
 
 // Intermediates in execution order, named as the reference's debug file
 // ("x_embedder", "transformer_blocks.0.hidden_states", ..., "proj_out").
-using FluxTrace = std::vector<std::pair<std::string, at::Tensor>>;
+using FluxTrace = Trace;
 
 struct FluxWeights;  // flux_blocks.h
 

@@ -20,6 +20,8 @@ std::map<std::string, TableBuilder>& registry() {
 // Defined by each model's table file; referenced here so a static library
 // keeps them.
 void register_flux_table();
+void register_autoencoder_kl_table();
+void register_text_encoder_tables();
 
 const TensorSpec* ModelTable::find(const std::string& name) const {
   for (const auto& t : tensors)
@@ -97,12 +99,24 @@ std::optional<ModelTable> model_table_for(const nlohmann::json& config, const st
                                           const TableOptions& options) {
   static const bool once = [] {
     register_flux_table();
+    register_autoencoder_kl_table();
+    register_text_encoder_tables();
     return true;
   }();
   (void)once;
-  if (!config.is_object() || !config.contains("_class_name") || !config["_class_name"].is_string())
+  // diffusers configs name the class in "_class_name", transformers configs
+  // in "architectures"[0] ("CLIPTextModel", "T5EncoderModel").
+  if (!config.is_object()) return std::nullopt;
+  std::string cls;
+  if (config.contains("_class_name") && config["_class_name"].is_string()) {
+    cls = config["_class_name"].get<std::string>();
+  } else if (config.contains("architectures") && config["architectures"].is_array() &&
+             !config["architectures"].empty() && config["architectures"][0].is_string()) {
+    cls = config["architectures"][0].get<std::string>();
+  } else {
     return std::nullopt;
-  auto it = registry().find(config["_class_name"].get<std::string>());
+  }
+  auto it = registry().find(cls);
   if (it == registry().end()) return std::nullopt;
   return it->second(config, config_path, options);
 }

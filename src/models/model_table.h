@@ -35,7 +35,8 @@ struct ModelTable {
   checkpoint::ShardRequest request(const std::string& name, int tp_rank, int tp_size) const;
 };
 
-// The table for a component's config.json ("_class_name"), or nullopt for
+// The table for a component's config.json ("_class_name", or for transformers
+// configs "architectures"[0]), or nullopt for
 // classes tprun has no table for. ConfigError / CheckpointError when the
 // config is missing fields the table needs (naming the field).
 // A tensor-parallel plan as data: module patterns with at most one '*' (the

@@ -19,11 +19,12 @@ void check_factor(int64_t vae_scale_factor) {
 }
 
 void check_side(const char* name, int64_t side, int64_t multiple) {
-  if (side <= 0) throw RequestError(fmt::format("{} {} must be positive", name, side));
+  if (side <= 0) throw RequestError(fmt::format("{} {} must be positive", name, side), true);
   if (side % multiple != 0)
     throw RequestError(fmt::format("{} {} is not a multiple of {} (the VAE's scale factor {} times the 2x2 "
                                    "latent packing); try {}",
-                                   name, side, multiple, multiple / 2, (side / multiple + 1) * multiple));
+                                   name, side, multiple, multiple / 2, (side / multiple + 1) * multiple),
+                       true);
 }
 
 }  // namespace

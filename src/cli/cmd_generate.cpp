@@ -1,0 +1,168 @@
+// `tprun generate`: one text-to-image request through a FLUX.1 pipeline folder,
+// the transformer sharded over the TP group (world = tp), rank 0 writing the
+// PNG (generation parameters in text chunks) and, for parity checks, the final
+// packed latents and the decoded image as safetensors.
+#include <chrono>
+
+#include <ATen/core/Tensor.h>
+#include <fmt/format.h>
+
+#include "checkpoint/tensor_file.h"
+#include "cli/command.h"
+#include "cli/session_options.h"
+#include "dist/communicator.h"
+#include "dist/device_mesh.h"
+#include "dist/mesh.h"
+#include "pipelines/flux_pipeline.h"
+#include "pipelines/png_image.h"
+#include "runtime/error.h"
+#include "runtime/session.h"
+
+namespace tprun::cli {
+namespace {
+
+using pipelines::GenerationRequest;
+
+void add_generation_options(po::options_description& desc) {
+  po::options_description g("Generation (FluxPipeline's arguments)");
+  g.add_options()
+      ("prompt", po::value<std::string>(), "the prompt (CLIP and T5 get the same text)")
+      ("negative-prompt", po::value<std::string>(), "negative prompt; used when --true-cfg-scale > 1")
+      ("height", po::value<int64_t>()->default_value(1024), "image height, a multiple of 2 x the VAE scale factor")
+      ("width", po::value<int64_t>()->default_value(1024), "image width, a multiple of 2 x the VAE scale factor")
+      ("steps", po::value<int64_t>()->default_value(28), "denoising steps (FLUX.1-schnell: 1-4)")
+      ("guidance", po::value<double>()->default_value(3.5),
+       "distilled guidance scale (models with guidance_embeds, FLUX.1-dev); ignored otherwise")
+      ("true-cfg-scale", po::value<double>()->default_value(1.0),
+       "true classifier-free guidance when > 1 and a negative prompt is given (two forwards per step)")
+      ("seed", po::value<uint64_t>()->default_value(0), "seed of the initial noise (CPU generator, any device)")
+      ("max-sequence-length", po::value<int64_t>()->default_value(512), "T5 tokens (FluxPipeline's default 512)");
+  desc.add(g);
+}
+
+GenerationRequest request_from(const po::variables_map& vm) {
+  GenerationRequest r;
+  if (vm.count("prompt")) r.prompt = vm["prompt"].as<std::string>();
+  if (vm.count("negative-prompt")) r.negative_prompt = vm["negative-prompt"].as<std::string>();
+  r.height = vm["height"].as<int64_t>();
+  r.width = vm["width"].as<int64_t>();
+  r.steps = vm["steps"].as<int64_t>();
+  r.guidance = vm["guidance"].as<double>();
+  r.true_cfg_scale = vm["true-cfg-scale"].as<double>();
+  r.seed = vm["seed"].as<uint64_t>();
+  r.max_sequence_length = vm["max-sequence-length"].as<int64_t>();
+  return r;
+}
+
+std::vector<std::pair<std::string, std::string>> png_text(const GenerationRequest& r, const std::string& model,
+                                                          const std::string& dtype, int tp, bool given_inputs) {
+  std::vector<std::pair<std::string, std::string>> t = {
+      {"Software", fmt::format("tprun {}", TPRUN_VERSION)},
+      {"prompt", given_inputs ? std::string("(prompt_embeds given)") : r.prompt},
+  };
+  if (r.negative_prompt) t.emplace_back("negative_prompt", *r.negative_prompt);
+  t.emplace_back("seed", given_inputs && r.given.count("latents") ? std::string("(latents given)")
+                                                                  : std::to_string(r.seed));
+  t.emplace_back("height", std::to_string(r.height));
+  t.emplace_back("width", std::to_string(r.width));
+  t.emplace_back("steps", std::to_string(r.steps));
+  t.emplace_back("guidance", fmt::format("{}", r.guidance));
+  t.emplace_back("true_cfg_scale", fmt::format("{}", r.true_cfg_scale));
+  t.emplace_back("max_sequence_length", std::to_string(r.max_sequence_length));
+  t.emplace_back("model", model);
+  t.emplace_back("dtype", dtype);
+  t.emplace_back("tp", std::to_string(tp));
+  return t;
+}
+
+}  // namespace
+
+Command generate_command() {
+  Command c;
+  c.name = "generate";
+  c.summary = "one image from a FLUX.1 pipeline folder under TP: --model DIR --prompt TEXT --out x.png";
+  c.add_options = [](po::options_description& desc, po::positional_options_description&) {
+    po::options_description m("Model");
+    m.add_options()
+        ("model", po::value<std::string>(), "diffusers FluxPipeline folder (model_index.json)")
+        ("variant", po::value<std::string>()->default_value(""), "weights variant (fp16: *.fp16.safetensors)")
+        ("dtype", po::value<std::string>()->default_value("fp32"), "compute dtype: fp32 | bf16 | fp16")
+        ("tp", po::value<int>(), "tensor-parallel group size; default and only choice: the world size")
+        ("shard-text-encoder-2", po::bool_switch(), "shard the T5 encoder over the TP group too (its tp plan)")
+        ("shard-modulation", po::bool_switch(), "also shard the transformer's AdaLN modulation linears");
+    desc.add(m);
+    add_generation_options(desc);
+    po::options_description io("Output");
+    io.add_options()
+        ("out", po::value<std::string>(), "PNG that rank 0 writes (atomically; replaced if present)")
+        ("inputs", po::value<std::string>(),
+         "safetensors with prompt_embeds + pooled_prompt_embeds (then no text encoders are loaded), "
+         "negative_prompt_embeds + negative_pooled_prompt_embeds, latents (packed initial noise)")
+        ("out-tensors", po::value<std::string>(),
+         "safetensors rank 0 writes: 'latents' (final, packed) and 'image' (NHWC float in [0, 1])");
+    desc.add(io);
+    add_session_options(desc);
+  };
+  c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
+    Session session(argc, argv, session_options_from(vm));
+    if (!vm.count("model")) throw ConfigError("--model is required (a FluxPipeline folder)", true);
+    if (!vm.count("out") && !vm.count("out-tensors")) throw ConfigError("--out (or --out-tensors) is required", true);
+    GenerationRequest req = request_from(vm);
+    if (vm.count("inputs")) req.given = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
+    const bool embeds_given = req.given.count("prompt_embeds") != 0;
+    if (!embeds_given && !vm.count("prompt")) throw ConfigError("--prompt is required (or --inputs with prompt_embeds)", true);
+
+    dist::MeshSpec spec;
+    spec.tp = vm.count("tp") ? vm["tp"].as<int>() : session.world();
+    if (spec.tp != session.world()) {
+      throw ConfigError(fmt::format("tprun generate makes one image with every rank in one TP group: --tp {} must "
+                                    "equal the world size {} (tprun run spreads requests over dp replicas)",
+                                    spec.tp, session.world()),
+                        true);
+    }
+    auto mesh = session.make_mesh(spec);
+    parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
+
+    pipelines::PipelineLoadOptions opts;
+    opts.dtype = vm["dtype"].as<std::string>();
+    opts.device = session.device().device;
+    opts.variant = vm["variant"].as<std::string>();
+    opts.shard_text_encoder_2 = vm["shard-text-encoder-2"].as<bool>();
+    opts.shard_modulation = vm["shard-modulation"].as<bool>();
+    opts.text_encoders = !(embeds_given && (req.true_cfg_scale <= 1.0 || req.given.count("negative_prompt_embeds")));
+    const std::string model = vm["model"].as<std::string>();
+
+    const auto t0 = std::chrono::steady_clock::now();
+    auto pipe = pipelines::FluxPipeline::load(model, tp, opts);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    pipe.check_request(req);
+    spdlog::info("loaded {} in {:.2f} s ({} bytes on this rank), tp {}, dtype {}", model, load_s, pipe.bytes_loaded(),
+                 tp.size, opts.dtype);
+    const bool lead = session.rank() == 0;
+    auto res = pipe.generate(req, [&](int64_t i, int64_t n, double s) {
+      if (lead) spdlog::info("step {}/{}: {:.3f} s", i + 1, n, s);
+    });
+    if (lead) {
+      spdlog::info("timings: encode {:.3f} s, denoise {:.3f} s ({} steps, {:.3f} s/step), decode {:.3f} s",
+                   res.times.encode_s, res.times.denoise_s(), res.times.step_s.size(),
+                   res.times.denoise_s() / static_cast<double>(res.times.step_s.size()), res.times.decode_s);
+      if (tp.comm) spdlog::info("collectives: {}", tp.comm->stats().summary());
+      if (vm.count("out")) {
+        const std::string out = vm["out"].as<std::string>();
+        pipelines::write_png(out, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
+                             png_text(req, model, opts.dtype, tp.size, embeds_given));
+        spdlog::info("wrote {} ({}x{})", out, res.width, res.height);
+      }
+      if (vm.count("out-tensors")) {
+        const std::string out = vm["out-tensors"].as<std::string>();
+        checkpoint::write_tensor_file_f32(out, {{"latents", *res.latents}, {"image", *res.image}});
+        spdlog::info("wrote {}", out);
+      }
+    }
+    mesh->world().barrier();
+    return 0;
+  };
+  return c;
+}
+
+}  // namespace tprun::cli

@@ -1,0 +1,59 @@
+// `tprun run MANIFEST`: the batch job (jobs/job_runner.h).
+#include <fmt/format.h>
+
+#include "cli/command.h"
+#include "cli/session_options.h"
+#include "jobs/job_runner.h"
+#include "runtime/error.h"
+#include "runtime/session.h"
+
+namespace tprun::cli {
+
+Command run_command() {
+  Command c;
+  c.name = "run";
+  c.summary = "a batch job: tprun run jobs/x.toml [--out DIR] [--set key=value ...] [--retry-failed]";
+  c.usage = "MANIFEST";
+  c.add_options = [](po::options_description& desc, po::positional_options_description& pos) {
+    po::options_description o("Job");
+    o.add_options()
+        ("manifest", po::value<std::string>(), "the job manifest (TOML); see README 'Manifest reference'")
+        ("out", po::value<std::string>(), "output folder (overrides output.dir; relative to the current folder)")
+        ("set", po::value<std::vector<std::string>>()->composing(),
+         "override any manifest key: --set defaults.steps=4 --set parallel.tp=2 (repeatable)")
+        ("retry-failed", po::bool_switch(), "also rerun the requests recorded 'failed'")
+        ("progress", po::value<std::string>()->default_value("auto"),
+         "auto (a live line on a terminal, log lines otherwise) | live | log | none");
+    desc.add(o);
+    add_session_options(desc);
+    pos.add("manifest", 1);
+  };
+  c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
+    if (!vm.count("manifest")) throw ConfigError("the manifest is required: tprun run jobs/x.toml", true);
+    jobs::RunOptions o;
+    o.manifest = vm["manifest"].as<std::string>();
+    if (vm.count("set")) {
+      for (const auto& s : vm["set"].as<std::vector<std::string>>()) o.overrides.push_back(jobs::parse_override(s));
+    }
+    if (vm.count("out")) {
+      // As a TOML string, whatever the folder name looks like.
+      std::string quoted = "\"";
+      for (char ch : vm["out"].as<std::string>()) {
+        if (ch == '"' || ch == '\\') quoted += '\\';
+        quoted += ch;
+      }
+      o.overrides.emplace_back("output.dir", quoted + "\"");
+    }
+    o.retry_failed = vm["retry-failed"].as<bool>();
+    o.progress = vm["progress"].as<std::string>();
+    if (o.progress != "auto" && o.progress != "live" && o.progress != "log" && o.progress != "none") {
+      throw ConfigError(fmt::format("--progress {}: not one of auto, live, log, none", o.progress), true);
+    }
+    jobs::install_stop_handlers();
+    Session session(argc, argv, session_options_from(vm));
+    return jobs::run_job(session, o);
+  };
+  return c;
+}
+
+}  // namespace tprun::cli

@@ -1,0 +1,222 @@
+#include "jobs/hdf5_store.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/hdf5_util.h"
+#include "runtime/error.h"
+
+namespace tprun::jobs {
+namespace fs = std::filesystem;
+using checkpoint::check_id;
+using checkpoint::check_rc;
+using checkpoint::H5Handle;
+
+namespace {
+
+void string_attribute(hid_t obj, const char* name, const std::string& value, const std::string& where) {
+  H5Handle type(check_id(H5Tcopy(H5T_C_S1), where, "H5Tcopy"), H5Tclose);
+  check_rc(H5Tset_size(type.get(), value.empty() ? 1 : value.size()), where, "H5Tset_size");
+  check_rc(H5Tset_cset(type.get(), H5T_CSET_UTF8), where, "H5Tset_cset");
+  H5Handle space(check_id(H5Screate(H5S_SCALAR), where, "H5Screate"), H5Sclose);
+  H5Handle attr(check_id(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), where, name),
+                H5Aclose);
+  const std::string v = value.empty() ? std::string(1, '\0') : value;
+  check_rc(H5Awrite(attr.get(), type.get(), v.data()), where, name);
+}
+
+template <typename T>
+void number_attribute(hid_t obj, const char* name, T value, hid_t type, const std::string& where) {
+  H5Handle space(check_id(H5Screate(H5S_SCALAR), where, "H5Screate"), H5Sclose);
+  H5Handle attr(check_id(H5Acreate2(obj, name, type, space.get(), H5P_DEFAULT, H5P_DEFAULT), where, name),
+                H5Aclose);
+  check_rc(H5Awrite(attr.get(), type, &value), where, name);
+}
+
+std::string run_name() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return fmt::format("run-{}-{}.h5", buf, ::getpid());
+}
+
+}  // namespace
+
+struct Hdf5Store::Impl {
+  std::string final_path, tmp_path;
+  bool images = false, latents = false;
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  H5Handle file;
+  std::vector<std::string> ids;
+};
+
+Hdf5Store::Hdf5Store(const std::string& out_dir, bool images, bool latents, const std::vector<StoreRequest>& requests,
+                     MPI_Comm comm)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.images = images;
+  m.latents = latents;
+  m.comm = comm;
+  MPI_Comm_rank(comm, &m.rank);
+  const fs::path dir = fs::path(out_dir) / "store";
+  std::string name = m.rank == 0 ? run_name() : std::string();
+  {
+    uint64_t n = name.size();
+    MPI_Bcast(&n, 1, MPI_UINT64_T, 0, comm);
+    name.resize(n);
+    MPI_Bcast(name.data(), static_cast<int>(n), MPI_CHAR, 0, comm);
+  }
+  if (m.rank == 0) fs::create_directories(dir);
+  MPI_Barrier(comm);
+  m.final_path = (dir / name).string();
+  m.tmp_path = (dir / ("." + name + ".tmp")).string();
+  const std::string& where = m.tmp_path;
+  H5Handle fapl(check_id(H5Pcreate(H5P_FILE_ACCESS), where, "H5Pcreate"), H5Pclose);
+  check_rc(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), where, "H5Pset_fapl_mpio");
+  check_rc(H5Pset_all_coll_metadata_ops(fapl.get(), true), where, "H5Pset_all_coll_metadata_ops");
+  check_rc(H5Pset_coll_metadata_write(fapl.get(), true), where, "H5Pset_coll_metadata_write");
+  m.file = H5Handle(check_id(H5Fcreate(where.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), where, "H5Fcreate"),
+                    H5Fclose);
+  for (const char* group : {"images", "latents"}) {
+    if ((group[0] == 'i' && !images) || (group[0] == 'l' && !latents)) continue;
+    H5Handle g(check_id(H5Gcreate2(m.file.get(), group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), where, group),
+               H5Gclose);
+  }
+  // Contiguous, allocated at creation: independent writes touch no metadata.
+  H5Handle dcpl(check_id(H5Pcreate(H5P_DATASET_CREATE), where, "H5Pcreate"), H5Pclose);
+  check_rc(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), where, "H5Pset_alloc_time");
+  check_rc(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), where, "H5Pset_fill_time");
+  for (const auto& sr : requests) {
+    const JobRequest& r = *sr.request;
+    m.ids.push_back(r.id);
+    auto make = [&](const std::string& dset, hid_t type, const std::vector<hsize_t>& dims) {
+      H5Handle space(check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), where, dset),
+                     H5Sclose);
+      H5Handle d(check_id(H5Dcreate2(m.file.get(), dset.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(),
+                                     H5P_DEFAULT),
+                          where, dset),
+                 H5Dclose);
+      const auto& g = r.gen;
+      string_attribute(d.get(), "prompt", g.prompt, where);
+      string_attribute(d.get(), "negative_prompt", g.negative_prompt.value_or(""), where);
+      number_attribute<uint64_t>(d.get(), "seed", g.seed, H5T_NATIVE_UINT64, where);
+      number_attribute<int64_t>(d.get(), "height", g.height, H5T_NATIVE_INT64, where);
+      number_attribute<int64_t>(d.get(), "width", g.width, H5T_NATIVE_INT64, where);
+      number_attribute<int64_t>(d.get(), "steps", g.steps, H5T_NATIVE_INT64, where);
+      number_attribute<double>(d.get(), "guidance", g.guidance, H5T_NATIVE_DOUBLE, where);
+      number_attribute<double>(d.get(), "true_cfg_scale", g.true_cfg_scale, H5T_NATIVE_DOUBLE, where);
+    };
+    if (images) {
+      make("images/" + r.id, H5T_NATIVE_UINT8,
+           {static_cast<hsize_t>(r.gen.height), static_cast<hsize_t>(r.gen.width), 3});
+    }
+    if (latents) {
+      make("latents/" + r.id, H5T_NATIVE_FLOAT,
+           {static_cast<hsize_t>(sr.latent_tokens), static_cast<hsize_t>(sr.latent_channels)});
+    }
+  }
+  check_rc(H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL), where, "H5Fflush");
+}
+
+Hdf5Store::~Hdf5Store() = default;
+
+const std::string& Hdf5Store::path() const { return impl_->final_path; }
+
+void Hdf5Store::write(const std::string& id, const std::vector<uint8_t>& rgb, const at::Tensor& latents) {
+  Impl& m = *impl_;
+  const std::string& where = m.tmp_path;
+  H5Handle dxpl(check_id(H5Pcreate(H5P_DATASET_XFER), where, "H5Pcreate"), H5Pclose);
+  check_rc(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_INDEPENDENT), where, "H5Pset_dxpl_mpio");
+  if (m.images) {
+    const std::string name = "images/" + id;
+    H5Handle d(check_id(H5Dopen2(m.file.get(), name.c_str(), H5P_DEFAULT), where, name), H5Dclose);
+    H5Handle space(check_id(H5Dget_space(d.get()), where, name), H5Sclose);
+    if (static_cast<size_t>(H5Sget_simple_extent_npoints(space.get())) != rgb.size()) {
+      throw Error(Error::Kind::Internal, fmt::format("{}: {} holds {} values, the image has {}", where, name,
+                                                     H5Sget_simple_extent_npoints(space.get()), rgb.size()));
+    }
+    check_rc(H5Dwrite(d.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, dxpl.get(), rgb.data()), where, name);
+  }
+  if (m.latents) {
+    const std::string name = "latents/" + id;
+    at::Tensor l = latents.detach().to(at::kCPU, at::kFloat).contiguous();
+    H5Handle d(check_id(H5Dopen2(m.file.get(), name.c_str(), H5P_DEFAULT), where, name), H5Dclose);
+    H5Handle space(check_id(H5Dget_space(d.get()), where, name), H5Sclose);
+    if (H5Sget_simple_extent_npoints(space.get()) != l.numel()) {
+      throw Error(Error::Kind::Internal, fmt::format("{}: {} holds {} values, the latents have {}", where, name,
+                                                     H5Sget_simple_extent_npoints(space.get()), l.numel()));
+    }
+    check_rc(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, dxpl.get(), l.data_ptr<float>()), where, name);
+  }
+}
+
+std::string Hdf5Store::finish(const std::set<std::string>& written) {
+  Impl& m = *impl_;
+  const std::string& where = m.tmp_path;
+  for (const auto& id : m.ids) {
+    if (written.count(id)) continue;
+    if (m.images) check_rc(H5Ldelete(m.file.get(), ("images/" + id).c_str(), H5P_DEFAULT), where, "H5Ldelete");
+    if (m.latents) check_rc(H5Ldelete(m.file.get(), ("latents/" + id).c_str(), H5P_DEFAULT), where, "H5Ldelete");
+  }
+  if (!m.file.close()) throw CheckpointError(fmt::format("{}: closing failed: {}", where, checkpoint::h5_error_text()));
+  MPI_Barrier(m.comm);
+  if (m.rank == 0) {
+    if (std::rename(m.tmp_path.c_str(), m.final_path.c_str()) != 0) {
+      throw CheckpointError(fmt::format("cannot rename {} to {}", m.tmp_path, m.final_path));
+    }
+  }
+  MPI_Barrier(m.comm);
+  return m.final_path;
+}
+
+std::set<std::string> Hdf5Store::stored_ids(const std::string& out_dir, bool images, bool latents) {
+  std::set<std::string> in_images, in_latents;
+  const fs::path dir = fs::path(out_dir) / "store";
+  if (!fs::is_directory(dir)) return {};
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_regular_file() || n.empty() || n[0] == '.' || e.path().extension() != ".h5") continue;
+    const std::string where = e.path().string();
+    H5Handle f(H5Fopen(where.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    if (f.get() < 0) {
+      spdlog::warn("{}: not readable as HDF5 ({}); its requests count as not stored", where, checkpoint::h5_error_text());
+      continue;
+    }
+    auto collect = [&](const char* group, std::set<std::string>& out) {
+      if (H5Lexists(f.get(), group, H5P_DEFAULT) <= 0) return;
+      H5Handle g(check_id(H5Gopen2(f.get(), group, H5P_DEFAULT), where, group), H5Gclose);
+      H5G_info_t info{};
+      check_rc(H5Gget_info(g.get(), &info), where, group);
+      for (hsize_t i = 0; i < info.nlinks; ++i) {
+        const ssize_t len = H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+        if (len < 0) continue;
+        std::string name(static_cast<size_t>(len) + 1, '\0');
+        H5Lget_name_by_idx(g.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT);
+        name.resize(static_cast<size_t>(len));
+        out.insert(name);
+      }
+    };
+    collect("images", in_images);
+    collect("latents", in_latents);
+  }
+  std::set<std::string> out;
+  const std::set<std::string>& base = images ? in_images : in_latents;
+  for (const auto& id : base) {
+    if ((!images || in_images.count(id)) && (!latents || in_latents.count(id))) out.insert(id);
+  }
+  return out;
+}
+
+}  // namespace tprun::jobs

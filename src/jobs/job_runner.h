@@ -1,0 +1,58 @@
+#pragma once
+// `tprun run MANIFEST`: the batch job.
+//
+//  1. Rank 0 parses and validates the manifest and the requests file (and
+//     that the model folder exists) and broadcasts the verdict: a bad input
+//     ends every rank with the same message before any model is loaded and
+//     before anything is written.
+//  2. The mesh: dp replicas x tp groups (tp x dp must equal the world size).
+//  3. Rank 0 reads results.jsonl: requests recorded `done` whose image exists
+//     are skipped, `failed` ones too unless retry_failed; stale temporary
+//     files of a killed run are removed; the log is rewritten without the ids
+//     that run again (no id is ever recorded `done` twice). The list of
+//     requests to run is broadcast.
+//  4. Scheduling: static, by cost. Each request's cost is known up front
+//     (pixels x steps x forwards per step); longest-processing-time-first
+//     assignment to the least-loaded replica, ties by id. Every rank computes
+//     the same assignment with no messages, no coordinator to wait on, and a
+//     makespan within 4/3 of optimal for these independent jobs.
+//  5. Each replica runs its requests in order; all TP ranks of a replica run
+//     the same request. A RequestError (bad size, prompt, NaN latents) is
+//     recorded `failed` and the batch goes on. The replica's TP rank 0 writes
+//     images/<id>.png (atomically) and sends its record to world rank 0,
+//     the one writer of results.jsonl (appended and flushed per request).
+//  6. SIGTERM / SIGINT: each replica agrees (an AllReduce of the flag over its
+//     TP group before each request) to stop after the current request; the
+//     results are flushed and the process exits with kInterrupted (75), which
+//     requeue scripts recognise. A rank that dies ends the job through the
+//     launcher (and the collective watchdog); what was written stays intact.
+
+#include <string>
+#include <vector>
+
+#include "jobs/manifest.h"
+
+namespace tprun {
+class Session;
+}
+
+namespace tprun::jobs {
+
+// Exit codes of `tprun run` beyond runtime/error.h's.
+constexpr int kExitSomeFailed = 6;    // the batch finished; some requests are `failed` (= kRequest)
+constexpr int kExitInterrupted = 75;  // stopped by SIGTERM/SIGINT; rerun to resume (EX_TEMPFAIL)
+
+struct RunOptions {
+  std::string manifest;
+  std::vector<Override> overrides;  // --set, --out
+  bool retry_failed = false;
+  std::string progress = "auto";  // auto | live | log | none
+};
+
+int run_job(Session& session, const RunOptions& options);
+
+// Installs the SIGTERM/SIGINT handlers that set the stop flag.
+void install_stop_handlers();
+bool stop_requested();
+
+}  // namespace tprun::jobs

@@ -1,0 +1,349 @@
+// Manifest parsing with toml++: strict keys and types, file:line in every
+// message, CLI overrides applied to the document before validation.
+#include "jobs/manifest.h"
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+// toml++'s internal assertions are off in every build, as in a release build
+// (NDEBUG): 3.3 asserts on some malformed headers ("[\n[x]") that its parser
+// then reports as ordinary parse errors.
+#define TOML_ASSERT(expr) static_cast<void>(0)
+#include <toml++/toml.h>
+
+#include "runtime/error.h"
+
+namespace tprun::jobs {
+namespace fs = std::filesystem;
+
+namespace {
+
+void refuse_non_ascii_outside_strings(const std::string& text, const std::string& where);
+
+struct Doc {
+  std::string path;
+  std::set<std::string> overridden;  // dotted keys set from the command line
+
+  std::string where(const std::string& key, const toml::node& node) const {
+    if (overridden.count(key)) return fmt::format("--set {}", key);
+    return fmt::format("{}:{}: {}", path, node.source().begin.line, key);
+  }
+  [[noreturn]] void fail(const std::string& key, const toml::node& node, const std::string& what) const {
+    throw ConfigError(fmt::format("{}: {}", where(key, node), what), true);
+  }
+};
+
+const char* type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    default: return "a date/time";
+  }
+}
+
+// Field readers: each checks the type and the range, naming file:line and key.
+struct Reader {
+  const Doc& doc;
+  std::string prefix;  // "defaults." or ""
+
+  std::string key(const std::string& k) const { return prefix + k; }
+  std::string str(const std::string& k, const toml::node& n) const {
+    if (!n.is_string()) doc.fail(key(k), n, fmt::format("must be a string, found {}", type_name(n)));
+    return n.as_string()->get();
+  }
+  int64_t integer(const std::string& k, const toml::node& n, int64_t lo, int64_t hi) const {
+    if (!n.is_integer()) doc.fail(key(k), n, fmt::format("must be an integer, found {}", type_name(n)));
+    const int64_t v = n.as_integer()->get();
+    if (v < lo || v > hi) doc.fail(key(k), n, fmt::format("{} is outside [{}, {}]", v, lo, hi));
+    return v;
+  }
+  double number(const std::string& k, const toml::node& n, double lo, double hi) const {
+    double v = 0;
+    if (n.is_integer()) {
+      v = static_cast<double>(n.as_integer()->get());
+    } else if (n.is_floating_point()) {
+      v = n.as_floating_point()->get();
+    } else {
+      doc.fail(key(k), n, fmt::format("must be a number, found {}", type_name(n)));
+    }
+    if (!(v >= lo && v <= hi)) doc.fail(key(k), n, fmt::format("{} is outside [{}, {}]", v, lo, hi));
+    return v;
+  }
+  bool boolean(const std::string& k, const toml::node& n) const {
+    if (!n.is_boolean()) doc.fail(key(k), n, fmt::format("must be true or false, found {}", type_name(n)));
+    return n.as_boolean()->get();
+  }
+};
+
+using Handler = std::function<void(const Reader&, const std::string&, const toml::node&)>;
+
+// Runs the handler of every key of `table`; an unknown key is an error that
+// lists the known ones.
+void walk(const Doc& doc, const toml::table& table, const std::string& prefix,
+          const std::map<std::string, Handler>& handlers) {
+  Reader r{doc, prefix};
+  for (const auto& [k, node] : table) {
+    const std::string name(k.str());
+    auto it = handlers.find(name);
+    if (it == handlers.end()) {
+      std::vector<std::string> known;
+      for (const auto& [h, _] : handlers) known.push_back(prefix + h);
+      doc.fail(prefix + name, node, fmt::format("unknown key (known: {})", fmt::join(known, ", ")));
+    }
+    it->second(r, name, node);
+  }
+}
+
+const toml::table& as_table(const Doc& doc, const std::string& key, const toml::node& n) {
+  if (!n.is_table()) doc.fail(key, n, fmt::format("must be a table ([{}]), found {}", key, type_name(n)));
+  return *n.as_table();
+}
+
+std::string resolve(const std::string& manifest, const std::string& p) {
+  if (p.empty() || fs::path(p).is_absolute()) return p;
+  return (fs::path(manifest).parent_path() / p).lexically_normal().string();
+}
+
+void apply_override(toml::table& root, const Override& o, Doc& doc) {
+  const std::string& dotted = o.first;
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = dotted.find('.', start);
+    parts.push_back(dotted.substr(start, dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  for (const auto& p : parts) {
+    if (p.empty()) throw ConfigError(fmt::format("--set {}: empty key component", dotted), true);
+  }
+  toml::table* t = &root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    toml::node* n = t->get(parts[i]);
+    if (!n) {
+      t->insert(parts[i], toml::table{});
+      n = t->get(parts[i]);
+    }
+    if (!n->is_table()) throw ConfigError(fmt::format("--set {}: '{}' is not a table", dotted, parts[i]), true);
+    t = n->as_table();
+  }
+  // The value as TOML; a bare word that is not TOML is a string.
+  toml::table parsed;
+  try {
+    refuse_non_ascii_outside_strings("v = " + o.second, "--set " + dotted);
+    parsed = toml::parse("v = " + o.second);
+  } catch (const std::exception&) {
+    parsed = toml::table{};
+    parsed.insert("v", o.second);
+  }
+  t->insert_or_assign(parts.back(), *parsed.get("v"));
+  doc.overridden.insert(dotted);
+}
+
+// toml++ 3.3 (Debian 12) reaches __builtin_unreachable() in its Unicode
+// whitespace test for some non-ASCII code points outside strings (e.g.
+// U+02C9), which is undefined behaviour. TOML allows non-ASCII text only in
+// strings and comments, so such input is refused here, before toml++ sees it;
+// likewise control characters outside strings (TOML forbids them; toml++ 3.3
+// asserts on some, e.g. "[\r\0").
+void refuse_non_ascii_outside_strings(const std::string& text, const std::string& where) {
+  int64_t line = 1;
+  size_t i = 0;
+  const size_t n = text.size();
+  auto starts = [&](const char* s) { return text.compare(i, std::strlen(s), s) == 0; };
+  while (i < n) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      ++i;
+    } else if (c == '#') {
+      while (i < n && text[i] != '\n') ++i;
+    } else if (starts("\"\"\"") || starts("\'\'\'")) {
+      const std::string close = text.substr(i, 3);
+      i += 3;
+      while (i < n && !starts(close.c_str())) {
+        if (text[i] == '\n') ++line;
+        if (close[0] == '"' && text[i] == '\\') ++i;
+        ++i;
+      }
+      i += 3;
+    } else if (c == '"' || c == '\'') {
+      ++i;
+      while (i < n && text[i] != c && text[i] != '\n') {
+        if (c == '"' && text[i] == '\\') ++i;
+        ++i;
+      }
+      ++i;
+    } else if (static_cast<unsigned char>(c) >= 0x80) {
+      throw ConfigError(fmt::format("{}:{}: a non-ASCII character outside a string or comment", where, line), true);
+    } else if ((static_cast<unsigned char>(c) < 0x20 && c != '\t' && !(c == '\r' && i + 1 < n && text[i + 1] == '\n')) ||
+               c == 0x7f) {
+      throw ConfigError(fmt::format("{}:{}: a control character (0x{:02x}) outside a string", where, line,
+                                    static_cast<unsigned>(static_cast<unsigned char>(c))),
+                        true);
+    } else {
+      ++i;
+    }
+  }
+}
+
+}  // namespace
+
+Override parse_override(const std::string& text) {
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw ConfigError(fmt::format("--set '{}': expected KEY=VALUE, e.g. defaults.steps=4", text), true);
+  }
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+Manifest parse_manifest(const std::string& path, const std::vector<Override>& overrides) {
+  if (!fs::is_regular_file(path)) throw ConfigError(fmt::format("manifest {}: no such file", path), true);
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) throw ConfigError(fmt::format("manifest {}: cannot read it", path), true);
+  return parse_manifest_text(text.str(), path, overrides);
+}
+
+Manifest parse_manifest_text(const std::string& text, const std::string& path, const std::vector<Override>& overrides) {
+  Doc doc{path, {}};
+  toml::table root;
+  refuse_non_ascii_outside_strings(text, path);
+  try {
+    root = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column,
+                                  e.description()),
+                      true);
+  }
+  for (const auto& o : overrides) apply_override(root, o, doc);
+
+  Manifest m;
+  m.path = path;
+  bool have_model = false, have_requests = false;
+  std::map<std::string, Handler> top = {
+      {"model", [&](const Reader& r, const std::string& k, const toml::node& n) {
+         m.model = r.str(k, n);
+         if (m.model.empty()) doc.fail(k, n, "must name the pipeline folder");
+         have_model = true;
+       }},
+      {"dtype", [&](const Reader& r, const std::string& k, const toml::node& n) {
+         m.dtype = r.str(k, n);
+         if (m.dtype != "fp32" && m.dtype != "bf16" && m.dtype != "fp16") {
+           doc.fail(k, n, fmt::format("'{}' is not one of fp32, bf16, fp16", m.dtype));
+         }
+       }},
+      {"requests", [&](const Reader& r, const std::string& k, const toml::node& n) {
+         m.requests = r.str(k, n);
+         if (m.requests.empty()) doc.fail(k, n, "must name the JSONL requests file");
+         have_requests = true;
+       }},
+      {"parallel", [&](const Reader&, const std::string& k, const toml::node& n) {
+         walk(doc, as_table(doc, k, n), "parallel.",
+              {{"tp", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  m.tp = static_cast<int>(r.integer(f, v, 1, 4096));
+                }},
+               {"dp", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  m.dp = static_cast<int>(r.integer(f, v, 0, 1 << 20));
+                }},
+               {"device", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  m.device = r.str(f, v);
+                  if (m.device != "auto" && m.device != "cpu" && m.device != "cuda") {
+                    doc.fail(r.key(f), v, fmt::format("'{}' is not one of auto, cpu, cuda", m.device));
+                  }
+                }},
+               {"allow_cross_node_tp", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  m.allow_cross_node_tp = r.boolean(f, v);
+                }}});
+       }},
+      {"memory", [&](const Reader&, const std::string& k, const toml::node& n) {
+         // No memory options exist yet: any key is an error rather than silently ignored.
+         walk(doc, as_table(doc, k, n), "memory.", {});
+       }},
+      {"defaults", [&](const Reader&, const std::string& k, const toml::node& n) {
+         auto& d = m.defaults;
+         walk(doc, as_table(doc, k, n), "defaults.",
+              {{"height", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  d.height = r.integer(f, v, 1, 16384);
+                }},
+               {"width", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  d.width = r.integer(f, v, 1, 16384);
+                }},
+               {"steps", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  d.steps = r.integer(f, v, 1, 10000);
+                }},
+               {"guidance", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  d.guidance = r.number(f, v, 0, 1000);
+                }},
+               {"true_cfg_scale", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  d.true_cfg_scale = r.number(f, v, 0, 1000);
+                }},
+               {"negative_prompt", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  d.negative_prompt = r.str(f, v);
+                }},
+               {"max_sequence_length", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  d.max_sequence_length = r.integer(f, v, 1, 512);
+                }},
+               {"seed", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  d.seed = static_cast<uint64_t>(r.integer(f, v, 0, INT64_MAX));
+                }}});
+       }},
+      {"output", [&](const Reader&, const std::string& k, const toml::node& n) {
+         walk(doc, as_table(doc, k, n), "output.",
+              {{"dir", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  m.output_dir = r.str(f, v);
+                  if (m.output_dir.empty()) doc.fail(r.key(f), v, "must not be empty");
+                }},
+               {"formats", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  if (!v.is_array()) doc.fail(r.key(f), v, fmt::format("must be an array, found {}", type_name(v)));
+                  m.png = m.hdf5 = m.latents = false;
+                  for (const auto& e : *v.as_array()) {
+                    const std::string s = r.str(f, e);
+                    if (s == "png") m.png = true;
+                    else if (s == "hdf5") m.hdf5 = true;
+                    else if (s == "latents") m.latents = true;
+                    else doc.fail(r.key(f), e, fmt::format("'{}' is not one of png, hdf5, latents", s));
+                  }
+                  if (!m.png && !m.hdf5 && !m.latents) doc.fail(r.key(f), v, "names no format");
+                }},
+               {"batch_size", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  m.batch_size = r.integer(f, v, 1, 1024);
+                }}});
+       }},
+  };
+  walk(doc, root, "", top);
+  if (!have_model) throw ConfigError(fmt::format("{}: model: required key is missing", path), true);
+  if (!have_requests) throw ConfigError(fmt::format("{}: requests: required key is missing", path), true);
+  // Paths from the manifest are relative to its folder; from the command line
+  // (--set, --out), to the current folder.
+  auto place = [&](const std::string& key, const std::string& value) {
+    return doc.overridden.count(key) ? fs::absolute(value).lexically_normal().string() : resolve(path, value);
+  };
+  m.model = place("model", m.model);
+  m.requests = place("requests", m.requests);
+  m.output_dir = place("output.dir", m.output_dir);
+  return m;
+}
+
+void check_paths(const Manifest& m) {
+  if (!fs::is_regular_file(fs::path(m.model) / "model_index.json")) {
+    throw ConfigError(fmt::format("{}: model: {} is not a pipeline folder (no model_index.json)", m.path, m.model),
+                      true);
+  }
+  if (!fs::is_regular_file(m.requests)) {
+    throw ConfigError(fmt::format("{}: requests: {}: no such file", m.path, m.requests), true);
+  }
+}
+
+}  // namespace tprun::jobs

@@ -1,0 +1,71 @@
+#pragma once
+// A job manifest (TOML): which model, how it is laid out over the ranks,
+// generation defaults, the requests file and the outputs. Every key is known:
+// an unknown key or a value of the wrong type is a ConfigError naming
+// file:line and the key, so a typo is never ignored. The README's "Manifest
+// reference" lists every key with its default.
+//
+//   model = "models/flux-tiny"        # pipeline folder, relative to the manifest
+//   dtype = "fp32"                    # fp32 | bf16 | fp16
+//   requests = "prompts.jsonl"        # JSONL, relative to the manifest
+//   [parallel]  tp = 1, dp = 0 (0: world / tp), device = "auto", allow_cross_node_tp = false
+//   [memory]    (no keys yet: the memory features arrive with their issue)
+//   [defaults]  height = 1024, width = 1024, steps = 28, guidance = 3.5,
+//               true_cfg_scale = 1.0, negative_prompt = "", max_sequence_length = 512, seed = 0
+//   [output]    dir = "out", formats = ["png"] (png | hdf5 | latents: jobs/hdf5_store.h), batch_size = 1
+//               (batching is not implemented: values above 1 are refused by the job runner)
+//
+// CLI overrides (`--set defaults.steps=4`, `--out DIR`) are applied to the
+// parsed document before validation; their errors name the override.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tprun::jobs {
+
+struct GenerationDefaults {
+  int64_t height = 1024, width = 1024, steps = 28;
+  double guidance = 3.5, true_cfg_scale = 1.0;
+  std::string negative_prompt;  // "" = none
+  int64_t max_sequence_length = 512;
+  uint64_t seed = 0;  // base seed: a request without its own seed gets derive_seed(seed, id)
+};
+
+struct Manifest {
+  std::string path;      // the manifest file
+  std::string model;     // absolute or relative to the current folder (resolved against the manifest)
+  std::string dtype = "fp32";
+  std::string requests;  // resolved path of the JSONL file
+  int tp = 1;
+  int dp = 0;            // 0: world / tp
+  std::string device = "auto";
+  bool allow_cross_node_tp = false;
+  GenerationDefaults defaults;
+  std::string output_dir = "out";  // resolved against the manifest
+  bool png = true, hdf5 = false, latents = false;
+  int64_t batch_size = 1;
+};
+
+// key=value, the key dotted ("defaults.steps", "output.dir", "model"). The
+// value is read as TOML ("4", "3.5", "true", "\"x\"", "[\"png\"]"); a value
+// that is not valid TOML is taken as a string (so `--set model=/data/m` works).
+using Override = std::pair<std::string, std::string>;
+Override parse_override(const std::string& text);  // ConfigError for a text without '='
+
+// Parses and validates; relative paths are resolved against the manifest's
+// folder. ConfigError "<file>:<line>: <key>: ..." (or "--set <key>: ...").
+// Does not check that the model folder or the requests file exist (see
+// check_paths): parse errors come first.
+Manifest parse_manifest(const std::string& path, const std::vector<Override>& overrides = {});
+// The same from the manifest's text (`path` names it in messages and anchors
+// relative paths). Used by the fuzz target.
+Manifest parse_manifest_text(const std::string& text, const std::string& path,
+                             const std::vector<Override>& overrides = {});
+
+// ConfigError naming the manifest key when the model folder (model_index.json)
+// or the requests file is missing.
+void check_paths(const Manifest& m);
+
+}  // namespace tprun::jobs

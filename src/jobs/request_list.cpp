@@ -1,0 +1,162 @@
+#include "jobs/request_list.h"
+
+#include <fstream>
+#include <unordered_map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/strict_json.h"
+#include "runtime/error.h"
+
+namespace tprun::jobs {
+namespace {
+
+[[noreturn]] void fail(const std::string& file, int64_t line, const std::string& field, const std::string& what) {
+  throw ConfigError(fmt::format("{}:{}: {}: {}", file, line, field, what), true);
+}
+
+bool valid_id(const std::string& id) {
+  if (id.empty() || id.size() > 128 || id[0] == '.') return false;
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+double JobRequest::cost() const {
+  const bool cfg = gen.true_cfg_scale > 1.0 && gen.negative_prompt.has_value();
+  return static_cast<double>(gen.height) * static_cast<double>(gen.width) * static_cast<double>(gen.steps) *
+         (cfg ? 2.0 : 1.0);
+}
+
+uint64_t derive_seed(uint64_t base, const std::string& id) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (unsigned char c : id) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  uint64_t z = base ^ h;  // SplitMix64 finaliser
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return z & ((uint64_t{1} << 53) - 1);
+}
+
+JobRequest parse_request_line(const std::string& text, const std::string& file, int64_t line,
+                              const GenerationDefaults& d) {
+  nlohmann::json j;
+  try {
+    j = checkpoint::parse_strict_json(text, file, fmt::format("line {}", line));
+  } catch (const Error& e) {
+    fail(file, line, "json", e.what());
+  }
+  if (!j.is_object()) fail(file, line, "json", "each line must be one JSON object");
+  JobRequest r;
+  r.line = line;
+  auto& g = r.gen;
+  g.height = d.height;
+  g.width = d.width;
+  g.steps = d.steps;
+  g.guidance = d.guidance;
+  g.true_cfg_scale = d.true_cfg_scale;
+  if (!d.negative_prompt.empty()) g.negative_prompt = d.negative_prompt;
+  g.max_sequence_length = d.max_sequence_length;
+  bool have_prompt = false;
+  auto integer = [&](const std::string& k, const nlohmann::json& v, int64_t lo, int64_t hi) {
+    if (!v.is_number_integer()) fail(file, line, k, fmt::format("must be an integer, found {}", v.dump()));
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      fail(file, line, k, fmt::format("{} is outside [{}, {}]", v.dump(), lo, hi));
+    }
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi) fail(file, line, k, fmt::format("{} is outside [{}, {}]", x, lo, hi));
+    return x;
+  };
+  auto number = [&](const std::string& k, const nlohmann::json& v, double lo, double hi) {
+    if (!v.is_number()) fail(file, line, k, fmt::format("must be a number, found {}", v.dump()));
+    const double x = v.get<double>();
+    if (!(x >= lo && x <= hi)) fail(file, line, k, fmt::format("{} is outside [{}, {}]", x, lo, hi));
+    return x;
+  };
+  auto string = [&](const std::string& k, const nlohmann::json& v) {
+    if (!v.is_string()) fail(file, line, k, fmt::format("must be a string, found {}", v.dump()));
+    return v.get<std::string>();
+  };
+  for (const auto& [k, v] : j.items()) {
+    if (k == "id") {
+      if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) {
+        r.id = std::to_string(v.get<uint64_t>());
+      } else if (v.is_string()) {
+        r.id = v.get<std::string>();
+      } else {
+        fail(file, line, k, fmt::format("must be a string or a non-negative integer, found {}", v.dump()));
+      }
+      if (!valid_id(r.id)) {
+        fail(file, line, k,
+             fmt::format("'{}' is not a valid id (letters, digits, '.', '_', '-'; at most 128; not starting with '.')",
+                         r.id));
+      }
+    } else if (k == "prompt") {
+      g.prompt = string(k, v);
+      have_prompt = true;
+    } else if (k == "negative_prompt") {
+      const std::string s = string(k, v);
+      if (s.empty()) g.negative_prompt.reset();
+      else g.negative_prompt = s;
+    } else if (k == "height") {
+      g.height = integer(k, v, 1, 16384);
+    } else if (k == "width") {
+      g.width = integer(k, v, 1, 16384);
+    } else if (k == "steps") {
+      g.steps = integer(k, v, 1, 10000);
+    } else if (k == "guidance") {
+      g.guidance = number(k, v, 0, 1000);
+    } else if (k == "true_cfg_scale") {
+      g.true_cfg_scale = number(k, v, 0, 1000);
+    } else if (k == "max_sequence_length") {
+      g.max_sequence_length = integer(k, v, 1, 512);
+    } else if (k == "seed") {
+      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
+        fail(file, line, k, fmt::format("must be a non-negative integer, found {}", v.dump()));
+      }
+      g.seed = v.get<uint64_t>();
+      r.seed_given = true;
+    } else {
+      fail(file, line, k,
+           "unknown field (known: id, prompt, negative_prompt, height, width, steps, guidance, true_cfg_scale, "
+           "max_sequence_length, seed)");
+    }
+  }
+  if (r.id.empty()) fail(file, line, "id", "required field is missing");
+  if (!have_prompt) fail(file, line, "prompt", "required field is missing");
+  if (!r.seed_given) g.seed = derive_seed(d.seed, r.id);
+  return r;
+}
+
+std::vector<JobRequest> read_requests(const std::string& path, const GenerationDefaults& defaults) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("{}: cannot open the requests file", path), true);
+  std::vector<JobRequest> out;
+  std::unordered_map<std::string, int64_t> first_line;
+  std::string text;
+  int64_t line = 0;
+  while (std::getline(in, text)) {
+    ++line;
+    if (!text.empty() && text.back() == '\r') text.pop_back();
+    size_t p = text.find_first_not_of(" \t");
+    if (p == std::string::npos || text[p] == '#') continue;
+    JobRequest r = parse_request_line(text, path, line, defaults);
+    auto [it, fresh] = first_line.emplace(r.id, line);
+    if (!fresh) fail(path, line, "id", fmt::format("'{}' is used twice (first on line {})", r.id, it->second));
+    out.push_back(std::move(r));
+  }
+  if (out.empty()) throw ConfigError(fmt::format("{}: the requests file holds no request", path), true);
+  return out;
+}
+
+}  // namespace tprun::jobs

@@ -1,0 +1,113 @@
+#pragma once
+// diffusers' AutoencoderKL as FLUX.1 uses it (16 latent channels, no quant
+// convs, one single-head attention in each mid-block): the decoder (latents ->
+// image) and the encoder (image -> latent distribution), replicated (no tensor
+// parallelism: every rank that runs it holds the whole VAE).
+//
+//   decode: [post_quant_conv] -> decoder.conv_in -> mid_block (resnet, attn,
+//           resnet) -> up_blocks (resnets, nearest x2 + conv) ->
+//           conv_norm_out -> SiLU -> conv_out
+//   encode: encoder.conv_in -> down_blocks (resnets, pad (0,1,0,1) + conv
+//           stride 2) -> mid_block -> conv_norm_out -> SiLU -> conv_out
+//           [-> quant_conv] = moments = cat(mean, logvar);
+//           std = exp(0.5 * clamp(logvar, -30, 20))
+//
+// Precision: with a half compute dtype (bf16 / fp16) and force_upcast true in
+// config.json, the VAE is upcast to fp32 as diffusers' pipelines do: weights
+// are loaded and kept in fp32 and decode / encode compute and return fp32.
+// Otherwise weights, compute and outputs are in the requested dtype.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/shard_loader.h"
+#include "models/tensor_map.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace tprun::checkpoint {
+class WeightSource;
+}
+
+namespace tprun::models {
+
+struct VaeConfig {
+  int64_t in_channels = 3, out_channels = 3;
+  std::vector<int64_t> block_out_channels = {64};  // encoder order (the decoder reverses it)
+  int64_t layers_per_block = 1;
+  int64_t latent_channels = 4;
+  int64_t norm_num_groups = 32;
+  bool use_quant_conv = true, use_post_quant_conv = true;
+  bool mid_block_add_attention = true;
+  double scaling_factor = 0.18215;
+  double shift_factor = 0.0;  // 0 when config.json has null
+  bool has_shift = false;     // shift_factor was a number
+  bool force_upcast = true;
+
+  // 2^(len(block_out_channels)-1): FluxPipeline's vae_scale_factor.
+  int64_t scale_factor() const;
+
+  // CheckpointError naming the file and field for a missing / mistyped field,
+  // non-positive sizes, channels not divisible by norm_num_groups, block type
+  // lists that are not all DownEncoderBlock2D / UpDecoderBlock2D of
+  // len(block_out_channels), or an act_fn other than silu. Absent optional
+  // fields take diffusers' __init__ defaults.
+  static VaeConfig from_json(const nlohmann::json& config, const std::string& config_path);
+};
+
+struct VaeLoadOptions {
+  std::string dtype = "fp32";  // compute dtype: fp32 | bf16 | fp16 (see force_upcast above)
+  std::string device = "cpu";
+  checkpoint::LoadMode mode = checkpoint::LoadMode::ShardOnLoad;
+  bool decoder = true;  // load decoder.* (+ post_quant_conv)
+  bool encoder = true;  // load encoder.* (+ quant_conv)
+};
+
+struct VaeWeights;  // vae_blocks.h
+
+class AutoencoderKL {
+ public:
+  // Validates every tensor of the table ("AutoencoderKL", vae_table.cpp)
+  // against the source's headers before any weight byte is read
+  // (CheckpointError naming the tensor and both shapes), then reads the parts
+  // the options ask for.
+  static AutoencoderKL load(checkpoint::WeightSource& source, const nlohmann::json& config,
+                            const std::string& config_path, const VaeLoadOptions& options = {});
+
+  // z [B, latent_channels, h, w], already un-scaled (the caller did
+  // z / scaling_factor + shift_factor) -> sample [B, out_channels, h*sf, w*sf]
+  // (sf = scale_factor()), not clamped, in compute_dtype(). z may be on any
+  // device / dtype; it is moved to the VAE's. RequestError naming 'z' and the
+  // expected shape for a wrong rank or channel count; ConfigError when loaded
+  // without the decoder.
+  at::Tensor decode(const at::Tensor& z, Trace* trace = nullptr) const;
+
+  // image [B, in_channels, H, W] in [-1, 1] -> {"mean", "std"} of the latent
+  // distribution, each [B, latent_channels, H/sf, W/sf] (each halving floors), in
+  // compute_dtype(). RequestError naming 'image' for a wrong rank or channel
+  // count; ConfigError when loaded without the encoder.
+  TensorMap encode(const at::Tensor& image, Trace* trace = nullptr) const;
+
+  const VaeConfig& config() const { return config_; }
+  // "fp32" when upcast (force_upcast with a half dtype), else the requested dtype.
+  const std::string& compute_dtype() const { return compute_dtype_; }
+  bool upcast() const { return upcast_; }
+  bool has_decoder() const;
+  bool has_encoder() const;
+  uint64_t bytes_loaded() const { return bytes_loaded_; }
+
+ private:
+  VaeConfig config_;
+  std::string compute_dtype_ = "fp32";
+  bool upcast_ = false;
+  uint64_t bytes_loaded_ = 0;
+  std::shared_ptr<const VaeWeights> w_;
+};
+
+}  // namespace tprun::models

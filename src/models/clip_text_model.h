@@ -1,0 +1,107 @@
+#pragma once
+// transformers' CLIPTextModel (FLUX.1's text_encoder) forward, replicated.
+//
+// As CLIPTextTransformer.forward (transformers 4.57.6, eager attention) calls
+// it without attention_mask: token + position embeddings; per layer
+//   h = h + out_proj(attn(layer_norm1(h)))   causal mask (finfo.min above the
+//                                            diagonal), scale head_dim^-0.5,
+//                                            softmax in fp32
+//   h = h + fc2(act(fc1(layer_norm2(h))))    act = config "hidden_act"
+// then final_layer_norm. Padding positions are not masked. Pooling: when the
+// config's eos_token_id is 2 (openai's / FLUX.1's legacy value) the pooled row
+// of sequence b is at argmax(input_ids[b]); otherwise at the first position
+// where input_ids[b] == eos_token_id (0 when there is none, as argmax gives).
+//
+// Not tensor-parallel: the model is small next to the transformer and every
+// rank loads it whole (the table has no plan).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/shard_loader.h"
+#include "models/model_table.h"
+#include "models/tensor_map.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace tprun::checkpoint {
+class WeightSource;
+}
+
+namespace tprun::models {
+
+// Shared by ClipTextModel and T5Encoder.
+struct TextEncoderLoadOptions {
+  std::string dtype = "fp32";  // compute dtype: fp32 | bf16 | fp16
+  std::string device = "cpu";
+  checkpoint::LoadMode mode = checkpoint::LoadMode::ShardOnLoad;
+};
+
+// CLIPTextConfig fields, with transformers' defaults for those a saved config
+// omits. CheckpointError naming the file and field.
+struct ClipTextConfig {
+  int64_t vocab_size = 49408, hidden_size = 512, intermediate_size = 2048;
+  int64_t layers = 12, heads = 8, max_positions = 77;
+  std::string hidden_act = "quick_gelu";
+  double layer_norm_eps = 1e-5;
+  int64_t eos_token_id = 49407;
+  int64_t head_dim() const { return hidden_size / heads; }
+  static ClipTextConfig from_json(const nlohmann::json& config, const std::string& config_path);
+};
+
+// The table of "CLIPTextModel" (text_encoder_tables.cpp): every tensor under
+// "text_model.", all replicated; text_model.embeddings.position_ids [1, P]
+// (a buffer older checkpoints store) is optional.
+ModelTable clip_text_table(const ClipTextConfig& config);
+
+// transformers' ACT2FN by name: quick_gelu, gelu (erf), gelu_new (tanh
+// approximation, computed as NewGELUActivation), gelu_pytorch_tanh, relu,
+// silu / swish. `known_activation` tells whether a name is supported.
+bool known_activation(const std::string& name);
+at::Tensor hf_activation(const at::Tensor& x, const std::string& name);
+
+// config.json readers for the text encoders (defaults when absent or null).
+double config_number_or(const nlohmann::json& config, const std::string& field, const std::string& config_path,
+                        double fallback);
+std::string config_string_or(const nlohmann::json& config, const std::string& field,
+                             const std::string& config_path, const std::string& fallback);
+
+// input_ids checks shared by the text encoders: an integer tensor [B, S] with
+// B, S >= 1 and every id in [0, vocab_size); returns it as int64. RequestError
+// naming `model` (all_ranks: raised alike on every rank given the same ids).
+at::Tensor checked_input_ids(const at::Tensor& input_ids, int64_t vocab_size, const std::string& model,
+                             bool all_ranks);
+
+struct ClipTextWeights;  // clip_text_model.cpp
+
+class ClipTextModel {
+ public:
+  // Validates the checkpoint against the table (every tensor present with the
+  // table's shape) before reading any weight, then loads it whole.
+  static ClipTextModel load(checkpoint::WeightSource& source, const nlohmann::json& config,
+                            const std::string& config_path, const TextEncoderLoadOptions& options = {});
+
+  // input_ids int64 [B, S] (S <= max_position_embeddings) ->
+  // {"last_hidden_state" [B, S, H], "pooler_output" [B, H]} in the compute
+  // dtype. RequestError for ids out of vocab, a wrong rank or S too long.
+  // Trace: "hidden_states.0" (embeddings), "hidden_states.i" (output of layer
+  // i-1, before final_layer_norm).
+  TensorMap forward(const at::Tensor& input_ids, Trace* trace = nullptr) const;
+
+  int64_t hidden_size() const { return config_.hidden_size; }
+  int64_t max_positions() const { return config_.max_positions; }
+  const ClipTextConfig& config() const { return config_; }
+  uint64_t bytes_loaded() const { return bytes_loaded_; }
+
+ private:
+  ClipTextConfig config_;
+  uint64_t bytes_loaded_ = 0;
+  std::shared_ptr<const ClipTextWeights> w_;
+};
+
+}  // namespace tprun::models

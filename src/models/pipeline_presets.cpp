@@ -1,0 +1,320 @@
+#include "models/pipeline_presets.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "checkpoint/safetensors_writer.h"
+#include "models/init_weights.h"
+#include "models/model_table.h"
+#include "pipelines/bpe_trainer.h"
+#include "pipelines/tokenizer_files.h"
+#include "runtime/error.h"
+
+namespace tprun::models {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kDiffusersVersion = "0.40.0";
+constexpr const char* kTransformersVersion = "4.57.6";  // the config layout of the reference text encoders
+constexpr int64_t kLatentChannels = 16;
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+json scheduler_config() {
+  // FLUX.1-dev's scheduler/scheduler_config.json (shared/ref/flow_match_scheduler).
+  return {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
+          {"_diffusers_version", kDiffusersVersion},
+          {"base_image_seq_len", 256},
+          {"base_shift", 0.5},
+          {"invert_sigmas", false},
+          {"max_image_seq_len", 4096},
+          {"max_shift", 1.15},
+          {"num_train_timesteps", 1000},
+          {"shift", 3.0},
+          {"shift_terminal", nullptr},
+          {"stochastic_sampling", false},
+          {"time_shift_type", "exponential"},
+          {"use_beta_sigmas", false},
+          {"use_dynamic_shifting", true},
+          {"use_exponential_sigmas", false},
+          {"use_karras_sigmas", false}};
+}
+
+json model_index() {
+  return {{"_class_name", "FluxPipeline"},
+          {"_diffusers_version", kDiffusersVersion},
+          {"feature_extractor", {nullptr, nullptr}},
+          {"image_encoder", {nullptr, nullptr}},
+          {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+          {"text_encoder", {"transformers", "CLIPTextModel"}},
+          {"text_encoder_2", {"transformers", "T5EncoderModel"}},
+          {"tokenizer", {"transformers", "CLIPTokenizer"}},
+          {"tokenizer_2", {"transformers", "T5TokenizerFast"}},
+          {"transformer", {"diffusers", "FluxTransformer2DModel"}},
+          {"vae", {"diffusers", "AutoencoderKL"}}};
+}
+
+int64_t get_int(const json& config, const char* field, const char* component) {
+  if (!config.contains(field) || !config[field].is_number_integer())
+    throw ConfigError(fmt::format("{}/config.json: field '{}' missing or not an integer", component, field));
+  return config[field].get<int64_t>();
+}
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw ConfigError(message);
+}
+
+void write_json(const fs::path& path, const json& j) {
+  checkpoint::write_file_atomically(path.string(), j.dump(2) + "\n", /*overwrite=*/false);
+}
+
+// config.json + random weights of one component.
+void write_component(const fs::path& root, const std::string& component, const json& config,
+                     const std::string& weights_file, uint64_t seed, InitModelSummary& summary) {
+  const fs::path dir = root / component, config_path = dir / "config.json";
+  fs::create_directories(dir);
+  write_json(config_path, config);
+  const auto table = model_table_for(config, config_path.string());
+  if (!table) {
+    const std::string cls = config.contains("_class_name") ? config["_class_name"].dump()
+                                                           : config.value("architectures", json::array()).dump();
+    throw ConfigError(fmt::format("{}: tprun has no tensor table for {}", config_path.string(), cls));
+  }
+  summary.bytes += write_random_weights(*table, component_seed(seed, component), (dir / weights_file).string());
+  for (const auto& t : table->tensors) summary.tensors += t.optional ? 0 : 1;
+}
+
+// Moves the finished folder into place: `dir` is absent, an empty folder, or
+// (force) a folder that is replaced.
+void commit_folder(const fs::path& tmp, const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir)) {
+    fs::rename(tmp, dir);
+    return;
+  }
+  if (fs::is_empty(dir)) {
+    fs::remove(dir);
+    fs::rename(tmp, dir);
+    return;
+  }
+  const fs::path old = dir.string() + ".old-" + std::to_string(::getpid());
+  fs::rename(dir, old);
+  try {
+    fs::rename(tmp, dir);
+  } catch (...) {
+    fs::rename(old, dir, ec);
+    throw;
+  }
+  fs::remove_all(old, ec);
+}
+
+}  // namespace
+
+std::vector<std::string> flux_preset_names() { return {"tiny", "small"}; }
+
+FluxPreset flux_preset(const std::string& name) {
+  FluxPreset p;  // the defaults are "tiny"
+  p.name = name;
+  if (name == "tiny") return p;
+  if (name == "small") {
+    p.num_layers = 2;
+    p.num_single_layers = 4;
+    p.num_attention_heads = 4;
+    p.attention_head_dim = 64;
+    p.axes_dims_rope = {8, 28, 28};
+    p.clip_hidden = 64;
+    p.clip_intermediate = 256;
+    p.clip_layers = 4;
+    p.clip_heads = 4;
+    p.t5_d_model = 128;
+    p.t5_layers = 2;
+    p.t5_heads = 4;
+    p.t5_d_kv = 32;
+    p.t5_d_ff = 256;
+    p.vae_block_out_channels = {32, 64, 64, 64};
+    p.vae_norm_num_groups = 32;
+    p.vae_sample_size = 256;
+    return p;
+  }
+  throw ConfigError(fmt::format("unknown preset '{}'; choose one of: {}", name, fmt::join(flux_preset_names(), ", ")));
+}
+
+FluxPipelineConfigs flux_pipeline_configs(const FluxPreset& p, int64_t clip_vocab_size, int64_t t5_tokenizer_length) {
+  FluxPipelineConfigs c;
+  c.model_index = model_index();
+  c.scheduler = scheduler_config();
+  c.transformer = {{"_class_name", "FluxTransformer2DModel"},
+                   {"_diffusers_version", kDiffusersVersion},
+                   {"attention_head_dim", p.attention_head_dim},
+                   {"axes_dims_rope", p.axes_dims_rope},
+                   {"guidance_embeds", true},
+                   {"in_channels", 4 * kLatentChannels},
+                   {"joint_attention_dim", p.t5_d_model},
+                   {"num_attention_heads", p.num_attention_heads},
+                   {"num_layers", p.num_layers},
+                   {"num_single_layers", p.num_single_layers},
+                   {"out_channels", nullptr},
+                   {"patch_size", 1},
+                   {"pooled_projection_dim", p.clip_hidden}};
+  const size_t levels = p.vae_block_out_channels.size();
+  c.vae = {{"_class_name", "AutoencoderKL"},
+           {"_diffusers_version", kDiffusersVersion},
+           {"act_fn", "silu"},
+           {"block_out_channels", p.vae_block_out_channels},
+           {"down_block_types", std::vector<std::string>(levels, "DownEncoderBlock2D")},
+           {"force_upcast", true},
+           {"in_channels", 3},
+           {"latent_channels", kLatentChannels},
+           {"latents_mean", nullptr},
+           {"latents_std", nullptr},
+           {"layers_per_block", p.vae_layers_per_block},
+           {"mid_block_add_attention", true},
+           {"norm_num_groups", p.vae_norm_num_groups},
+           {"out_channels", 3},
+           {"sample_size", p.vae_sample_size},
+           {"scaling_factor", 0.3611},
+           {"shift_factor", 0.1159},
+           {"up_block_types", std::vector<std::string>(levels, "UpDecoderBlock2D")},
+           {"use_post_quant_conv", false},
+           {"use_quant_conv", false}};
+  // As PretrainedConfig.save_pretrained writes them (FLUX.1's text_encoder/
+  // and text_encoder_2/, the layout of shared/ref/TEXT.md).
+  c.text_encoder = {{"architectures", json::array({"CLIPTextModel"})},
+                    {"attention_dropout", 0.0},
+                    {"bos_token_id", 0},
+                    {"dtype", "float32"},
+                    {"eos_token_id", 2},
+                    {"hidden_act", "quick_gelu"},
+                    {"hidden_size", p.clip_hidden},
+                    {"initializer_factor", 1.0},
+                    {"initializer_range", 0.02},
+                    {"intermediate_size", p.clip_intermediate},
+                    {"layer_norm_eps", 1e-05},
+                    {"max_position_embeddings", 77},
+                    {"model_type", "clip_text_model"},
+                    {"num_attention_heads", p.clip_heads},
+                    {"num_hidden_layers", p.clip_layers},
+                    {"pad_token_id", 1},
+                    {"projection_dim", p.clip_hidden},
+                    {"transformers_version", kTransformersVersion},
+                    {"vocab_size", clip_vocab_size}};
+  c.text_encoder_2 = {{"architectures", json::array({"T5EncoderModel"})},
+                      {"classifier_dropout", 0.0},
+                      {"d_ff", p.t5_d_ff},
+                      {"d_kv", p.t5_d_kv},
+                      {"d_model", p.t5_d_model},
+                      {"decoder_start_token_id", 0},
+                      {"dense_act_fn", "gelu_new"},
+                      {"dropout_rate", 0.1},
+                      {"dtype", "float32"},
+                      {"eos_token_id", 1},
+                      {"feed_forward_proj", "gated-gelu"},
+                      {"initializer_factor", 1.0},
+                      {"is_encoder_decoder", false},
+                      {"is_gated_act", true},
+                      {"layer_norm_epsilon", 1e-06},
+                      {"model_type", "t5"},
+                      {"num_decoder_layers", p.t5_layers},
+                      {"num_heads", p.t5_heads},
+                      {"num_layers", p.t5_layers},
+                      {"pad_token_id", 0},
+                      {"relative_attention_max_distance", 128},
+                      {"relative_attention_num_buckets", 32},
+                      {"tie_word_embeddings", false},
+                      {"transformers_version", kTransformersVersion},
+                      {"use_cache", false},
+                      {"vocab_size", round_up(t5_tokenizer_length, 64)}};
+  check_flux_pipeline_configs(c, clip_vocab_size, t5_tokenizer_length);
+  return c;
+}
+
+void check_flux_pipeline_configs(const FluxPipelineConfigs& c, int64_t clip_vocab_size, int64_t t5_tokenizer_length) {
+  const json &t = c.transformer, &v = c.vae, &clip = c.text_encoder, &t5 = c.text_encoder_2;
+  const int64_t heads = get_int(t, "num_attention_heads", "transformer"),
+                head_dim = get_int(t, "attention_head_dim", "transformer");
+  require(heads > 0 && head_dim > 0 && get_int(t, "num_layers", "transformer") >= 0 &&
+              get_int(t, "num_single_layers", "transformer") >= 0,
+          "transformer/config.json: sizes must be positive");
+  int64_t axes = 0;
+  for (const auto& a : t.at("axes_dims_rope")) axes += a.get<int64_t>();
+  require(axes == head_dim, fmt::format("transformer/config.json: sum(axes_dims_rope) = {} must equal "
+                                        "attention_head_dim = {}",
+                                        axes, head_dim));
+  require(get_int(t, "in_channels", "transformer") == 4 * get_int(v, "latent_channels", "vae"),
+          "transformer/config.json in_channels must be 4 * vae/config.json latent_channels");
+  require(get_int(t, "pooled_projection_dim", "transformer") == get_int(clip, "hidden_size", "text_encoder"),
+          "transformer/config.json pooled_projection_dim must equal text_encoder/config.json hidden_size");
+  require(get_int(t, "joint_attention_dim", "transformer") == get_int(t5, "d_model", "text_encoder_2"),
+          "transformer/config.json joint_attention_dim must equal text_encoder_2/config.json d_model");
+  require(get_int(clip, "vocab_size", "text_encoder") == clip_vocab_size,
+          fmt::format("text_encoder/config.json vocab_size {} must equal the CLIP tokenizer's {}",
+                      get_int(clip, "vocab_size", "text_encoder"), clip_vocab_size));
+  require(get_int(t5, "vocab_size", "text_encoder_2") >= t5_tokenizer_length,
+          fmt::format("text_encoder_2/config.json vocab_size {} is below the T5 tokenizer's length {}",
+                      get_int(t5, "vocab_size", "text_encoder_2"), t5_tokenizer_length));
+  const int64_t clip_heads = get_int(clip, "num_attention_heads", "text_encoder");
+  require(clip_heads > 0 && get_int(clip, "hidden_size", "text_encoder") % clip_heads == 0,
+          "text_encoder/config.json: num_attention_heads must divide hidden_size");
+  const int64_t groups = get_int(v, "norm_num_groups", "vae");
+  for (const auto& ch : v.at("block_out_channels"))
+    require(groups > 0 && ch.get<int64_t>() % groups == 0,
+            fmt::format("vae/config.json: norm_num_groups {} must divide every block_out_channels entry ({})",
+                        groups, ch.get<int64_t>()));
+}
+
+InitModelSummary write_flux_pipeline(const std::string& dir_arg, const FluxPreset& preset, uint64_t seed,
+                                     bool force) {
+  std::string trimmed = dir_arg;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  if (trimmed.empty()) throw ConfigError("init-model: the output folder is empty");
+  const fs::path dir(trimmed);
+  std::error_code ec;
+  const fs::file_status status = fs::status(dir, ec);
+  if (ec && status.type() != fs::file_type::not_found)
+    throw ConfigError(fmt::format("{}: cannot be inspected: {}", trimmed, ec.message()));
+  if (fs::exists(status)) {
+    if (!fs::is_directory(status))
+      throw ConfigError(fmt::format("{}: exists and is not a folder; choose another output folder", trimmed));
+    const bool empty = fs::is_empty(dir, ec);
+    if (ec) throw ConfigError(fmt::format("{}: cannot be listed: {}", trimmed, ec.message()));
+    if (!empty && !force)
+      throw ConfigError(fmt::format("{}: exists and is not empty; pass --force to replace it", trimmed));
+  }
+  const fs::path tmp = trimmed + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp, ec);
+  InitModelSummary summary;
+  try {
+    fs::create_directories(tmp);
+    const auto& corpus = pipelines::bundled_corpus();
+    summary.clip_vocab_size = pipelines::write_clip_tokenizer(
+        (tmp / "tokenizer").string(), pipelines::train_clip_bpe(corpus, preset.clip_merges));
+    summary.t5_tokenizer_length = pipelines::write_t5_tokenizer(
+        (tmp / "tokenizer_2").string(), pipelines::train_t5_sentencepiece(corpus, preset.t5_pieces));
+
+    const FluxPipelineConfigs c = flux_pipeline_configs(preset, summary.clip_vocab_size, summary.t5_tokenizer_length);
+    write_json(tmp / "model_index.json", c.model_index);
+    fs::create_directories(tmp / "scheduler");
+    write_json(tmp / "scheduler" / "scheduler_config.json", c.scheduler);
+    write_component(tmp, "transformer", c.transformer, "diffusion_pytorch_model.safetensors", seed, summary);
+    write_component(tmp, "vae", c.vae, "diffusion_pytorch_model.safetensors", seed, summary);
+    write_component(tmp, "text_encoder", c.text_encoder, "model.safetensors", seed, summary);
+    write_component(tmp, "text_encoder_2", c.text_encoder_2, "model.safetensors", seed, summary);
+    commit_folder(tmp, dir);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    throw ConfigError(fmt::format("{}: cannot write the pipeline folder: {}", trimmed, e.what()));
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return summary;
+}
+
+}  // namespace tprun::models

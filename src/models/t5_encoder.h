@@ -1,0 +1,123 @@
+#pragma once
+// transformers' T5EncoderModel (FLUX.1's text_encoder_2) forward,
+// tensor-parallel.
+//
+// As T5Stack (transformers 4.57.6) runs the encoder without attention_mask:
+// embeddings = shared[input_ids]; per block
+//   h = h + o(attn(layer_norm(h)))           T5 attention: NO 1/sqrt(d) scale,
+//                                            scores + position_bias, softmax
+//                                            in fp32
+//   h = h + wo(act(wi_0(ln(h))) * wi_1(ln(h)))  gated ("gated-gelu": gelu_new)
+//   h = h + wo(act(wi(ln(h))))                  non-gated ("relu", "gelu", ..)
+// then final_layer_norm. T5 layer norm: RMS in fp32 without mean or bias,
+// cast to the weight dtype when that is fp16 / bf16, then weight * x.
+// position_bias [1, H, L, L] comes from block 0's relative_attention_bias at
+// the (bidirectional, log-spaced) bucket of key - query position and is
+// reused by every block.
+//
+// Tensor parallelism (t5_tp_plan): rank r of p holds heads [r H/p, (r+1) H/p)
+// of q/k/v (colwise) and the matching input columns of o (rowwise), and d_ff/p
+// rows of wi_0/wi_1 (or wi) with the matching columns of wo. One AllReduce
+// closes attention (o) and one the feed-forward (wo): 2 per block when p > 1,
+// none at p = 1. relative_attention_bias [buckets, H] is tiny: every rank
+// loads it whole (replicated in the table) and computes the full position
+// bias, then takes its heads' slice (dim 1) at compute time. shared.weight and
+// the norms are replicated, so outputs are identical on every rank.
+//
+// Half precision, as transformers: with fp16, wo stays fp32
+// (T5PreTrainedModel._keep_in_fp32_modules; not for bf16), its input is cast
+// to fp32 and the residual stream becomes fp32 from there on (the next norm
+// casts back to fp16). Hidden states that are fp16 are clamped after the
+// attention and feed-forward sublayers as T5Block does (to +-(65504 - 1000)
+// when any value is inf, else +-65504).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "models/clip_text_model.h"  // TextEncoderLoadOptions, hf_activation
+#include "models/model_table.h"
+#include "models/tensor_map.h"
+#include "parallel/tp_context.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace tprun::checkpoint {
+class WeightSource;
+}
+
+namespace tprun::models {
+
+// T5Config fields, with transformers' defaults for those a saved config
+// omits. The activation comes from feed_forward_proj ("gated-ACT" or "ACT";
+// "gated-gelu" means gelu_new), as T5Config does; a stored dense_act_fn is
+// ignored like there. CheckpointError naming the file and field.
+struct T5Config {
+  int64_t vocab_size = 32128, d_model = 512, d_kv = 64, d_ff = 2048, layers = 6, heads = 8;
+  int64_t num_buckets = 32, max_distance = 128;
+  double layer_norm_eps = 1e-6;
+  std::string act = "relu";
+  bool gated = false;
+  int64_t inner() const { return heads * d_kv; }
+  static T5Config from_json(const nlohmann::json& config, const std::string& config_path);
+};
+
+// The T5 encoder's tensor-parallel plan: colwise
+// encoder.block.*.layer.0.SelfAttention.q/k/v and layer.1.DenseReluDense.wi_0 /
+// wi_1 (wi when not gated), rowwise SelfAttention.o and DenseReluDense.wo.
+TpPlan t5_tp_plan(bool gated_act = true);
+
+// The table of "T5EncoderModel" (text_encoder_tables.cpp), plan applied:
+// shared.weight [vocab, d_model] (encoder.embed_tokens.weight, the same tied
+// tensor, optional), per block q/k/v [H*d_kv, d_model], o [d_model, H*d_kv],
+// relative_attention_bias [buckets, H] in block 0 only, the layer norms,
+// wi_0/wi_1 (or wi) [d_ff, d_model], wo [d_model, d_ff];
+// encoder.final_layer_norm. num_attention_heads = num_heads.
+ModelTable t5_encoder_table(const T5Config& config);
+
+// T5Attention._relative_position_bucket on an int64 tensor of key - query
+// positions: int64 buckets in [0, num_buckets), with transformers' fp32 log.
+at::Tensor t5_relative_position_bucket(const at::Tensor& relative_position, bool bidirectional,
+                                       int64_t num_buckets, int64_t max_distance);
+
+struct T5Weights;  // t5_encoder.cpp
+
+class T5Encoder {
+ public:
+  // Validates the plan before reading any weight (tp divides num_heads,
+  // every tensor present with the table's shape, split dims divide by tp),
+  // then loads this rank's slices through a ShardLoader.
+  static T5Encoder load(checkpoint::WeightSource& source, const nlohmann::json& config,
+                        const std::string& config_path, const parallel::TpContext& tp,
+                        const TextEncoderLoadOptions& options = {});
+
+  // input_ids int64 [B, S] -> last_hidden_state [B, S, d_model] (after
+  // final_layer_norm) in the compute dtype; identical on every rank of the TP
+  // group. RequestError (raised alike on every rank) for bad ids.
+  // Trace: "hidden_states.0" (embeddings), "relative_position_bucket" [L, L],
+  // "position_bias" [1, H, L, L] (all heads), "block_output.i",
+  // "hidden_states.i" (0 < i < layers: output of block i-1),
+  // "hidden_states.<layers>" (final_layer_norm output).
+  at::Tensor forward(const at::Tensor& input_ids, Trace* trace = nullptr) const;
+
+  // AllReduces one forward issues on the TP communicator: 2 per block when
+  // tp > 1 (attention o, feed-forward wo), 0 at tp 1.
+  int64_t all_reduces_per_forward() const;
+
+  int64_t d_model() const { return config_.d_model; }
+  const T5Config& config() const { return config_; }
+  const parallel::TpContext& tp() const { return tp_; }
+  uint64_t bytes_loaded() const { return bytes_loaded_; }
+
+ private:
+  T5Config config_;
+  parallel::TpContext tp_;
+  uint64_t bytes_loaded_ = 0;
+  std::shared_ptr<const T5Weights> w_;
+};
+
+}  // namespace tprun::models

@@ -1,0 +1,365 @@
+// FluxPipeline: loading the components of a pipeline folder and running one
+// request (encode, denoise, decode). See flux_pipeline.h for the semantics.
+#include "pipelines/flux_pipeline.h"
+
+#include <chrono>
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "checkpoint/hdf5_source.h"
+#include "checkpoint/pipeline_folder.h"
+#include "checkpoint/torch_dtype.h"
+#include "models/autoencoder_kl.h"
+#include "models/clip_text_model.h"
+#include "models/flux_transformer.h"
+#include "models/t5_encoder.h"
+#include "pipelines/clip_tokenizer.h"
+#include "pipelines/flow_match_scheduler.h"
+#include "pipelines/latents.h"
+#include "pipelines/t5_tokenizer.h"
+#include "runtime/error.h"
+
+namespace tprun::pipelines {
+
+using Clock = std::chrono::steady_clock;
+
+double StageTimes::denoise_s() const {
+  double s = 0;
+  for (double x : step_s) s += x;
+  return s;
+}
+
+struct FluxPipeline::Impl {
+  std::string folder;
+  std::string dtype_name;
+  c10::ScalarType dtype = at::kFloat;
+  c10::Device device{c10::kCPU};
+  parallel::TpContext tp;
+  FlowMatchSchedulerConfig scheduler;
+  std::optional<models::FluxTransformer> transformer;
+  std::optional<models::ClipTextModel> clip;
+  std::optional<models::T5Encoder> t5;
+  std::optional<models::AutoencoderKL> vae;
+  std::unique_ptr<ClipTokenizer> tokenizer;
+  std::unique_ptr<T5Tokenizer> tokenizer_2;
+  int64_t vae_scale_factor = kFluxVaeScaleFactor;
+  int64_t latent_channels = 16;
+  double scaling_factor = 1.0, shift_factor = 0.0;
+  int64_t clip_hidden = 0, t5_dim = 0;
+  uint64_t bytes = 0;
+};
+
+namespace {
+
+const checkpoint::PipelineComponent& component(const checkpoint::PipelineFolder& f, const std::string& name) {
+  const auto* c = f.find(name);
+  if (!c) {
+    throw CheckpointError(fmt::format("{}: model_index.json names no '{}' component (a FluxPipeline needs it)",
+                                      f.path, name),
+                          true);
+  }
+  return *c;
+}
+
+nlohmann::json component_config(const checkpoint::PipelineComponent& c, std::string* path) {
+  return models::read_component_config(c.path, path);
+}
+
+void need_shape(const models::TensorMap& given, const std::string& name, const std::vector<int64_t>& shape,
+                const std::string& meaning) {
+  auto it = given.find(name);
+  if (it == given.end()) return;
+  const auto got = it->second.sizes().vec();
+  bool ok = got.size() == shape.size();
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || got[i] == shape[i];
+  if (!ok) {
+    std::vector<std::string> want;
+    for (int64_t s : shape) want.push_back(s < 0 ? std::string("*") : std::to_string(s));
+    throw RequestError(fmt::format("given tensor '{}' has shape [{}]; expected [{}] ({})", name,
+                                   fmt::join(got, ", "), fmt::join(want, ", "), meaning),
+                       true);
+  }
+}
+
+bool do_true_cfg(const GenerationRequest& r) {
+  const bool has_neg = r.negative_prompt.has_value() ||
+                       (r.given.count("negative_prompt_embeds") && r.given.count("negative_pooled_prompt_embeds"));
+  return r.true_cfg_scale > 1.0 && has_neg;
+}
+
+}  // namespace
+
+FluxPipeline FluxPipeline::load(const std::string& folder, const parallel::TpContext& tp,
+                                const PipelineLoadOptions& options) {
+  auto impl = std::make_shared<Impl>();
+  impl->folder = folder;
+  impl->dtype_name = options.dtype;
+  impl->dtype = checkpoint::parse_compute_dtype(options.dtype, "dtype");
+  impl->device = c10::Device(options.device);
+  impl->tp = tp;
+  if (!checkpoint::is_pipeline_folder(folder)) {
+    throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
+  }
+  const auto pf = checkpoint::open_pipeline_folder(folder);
+  if (pf.cls != "FluxPipeline") {
+    spdlog::warn("{}: model_index.json _class_name is '{}'; running it as a FluxPipeline", folder, pf.cls);
+  }
+
+  // Configs first: every cross-component check before any weight byte is read.
+  std::string tpath, vpath;
+  const auto tconf = component_config(component(pf, "transformer"), &tpath);
+  const auto vconf = component_config(component(pf, "vae"), &vpath);
+  const auto fcfg = models::FluxConfig::from_json(tconf, tpath);
+  const auto vcfg = models::VaeConfig::from_json(vconf, vpath);
+  impl->vae_scale_factor = vcfg.scale_factor();
+  impl->latent_channels = vcfg.latent_channels;
+  impl->scaling_factor = vcfg.scaling_factor;
+  impl->shift_factor = vcfg.shift_factor;
+  if (fcfg.in_channels != 4 * vcfg.latent_channels) {
+    throw CheckpointError(fmt::format("{}: in_channels {} is not 4 x the VAE's latent_channels {} ({})", tpath,
+                                      fcfg.in_channels, vcfg.latent_channels, vpath),
+                          true);
+  }
+  const auto& sched = component(pf, "scheduler");
+  impl->scheduler = FlowMatchSchedulerConfig::from_file(sched.path + "/scheduler_config.json");
+
+  nlohmann::json cconf, t5conf;
+  std::string cpath, t5path;
+  if (options.text_encoders) {
+    cconf = component_config(component(pf, "text_encoder"), &cpath);
+    t5conf = component_config(component(pf, "text_encoder_2"), &t5path);
+    impl->clip_hidden = models::config_int(cconf, "hidden_size", cpath);
+    impl->t5_dim = models::config_int(t5conf, "d_model", t5path);
+    if (impl->clip_hidden != fcfg.pooled_dim) {
+      throw CheckpointError(fmt::format("{}: pooled_projection_dim {} differs from the CLIP hidden_size {} ({})", tpath,
+                                        fcfg.pooled_dim, impl->clip_hidden, cpath),
+                            true);
+    }
+    if (impl->t5_dim != fcfg.joint_dim) {
+      throw CheckpointError(fmt::format("{}: joint_attention_dim {} differs from the T5 d_model {} ({})", tpath,
+                                        fcfg.joint_dim, impl->t5_dim, t5path),
+                            true);
+    }
+    impl->tokenizer = std::make_unique<ClipTokenizer>(component(pf, "tokenizer").path);
+    impl->tokenizer_2 = std::make_unique<T5Tokenizer>(component(pf, "tokenizer_2").path);
+  }
+
+  {
+    auto source = checkpoint::open_weight_source(component(pf, "transformer").path, options.variant);
+    models::FluxLoadOptions o;
+    o.dtype = options.dtype;
+    o.device = options.device;
+    o.shard_modulation = options.shard_modulation;
+    impl->transformer.emplace(models::FluxTransformer::load(*source, tconf, tpath, tp, o));
+    impl->bytes += impl->transformer->bytes_loaded();
+  }
+  if (options.text_encoders) {
+    models::TextEncoderLoadOptions o;
+    o.dtype = options.dtype;
+    o.device = options.device;
+    {
+      auto source = checkpoint::open_weight_source(component(pf, "text_encoder").path, options.variant);
+      impl->clip.emplace(models::ClipTextModel::load(*source, cconf, cpath, o));
+      impl->bytes += impl->clip->bytes_loaded();
+    }
+    {
+      auto source = checkpoint::open_weight_source(component(pf, "text_encoder_2").path, options.variant);
+      const parallel::TpContext t5tp = options.shard_text_encoder_2 ? tp : parallel::TpContext{};
+      impl->t5.emplace(models::T5Encoder::load(*source, t5conf, t5path, t5tp, o));
+      impl->bytes += impl->t5->bytes_loaded();
+    }
+  }
+  if (options.decode_on_every_rank || tp.rank == 0) {
+    auto source = checkpoint::open_weight_source(component(pf, "vae").path, options.variant);
+    models::VaeLoadOptions o;
+    o.dtype = options.dtype;
+    o.device = options.device;
+    o.encoder = false;
+    impl->vae.emplace(models::AutoencoderKL::load(*source, vconf, vpath, o));
+    impl->bytes += impl->vae->bytes_loaded();
+  }
+  FluxPipeline p;
+  p.impl_ = std::move(impl);
+  return p;
+}
+
+void FluxPipeline::check_request(const GenerationRequest& r) const {
+  const Impl& m = *impl_;
+  check_image_size(r.height, r.width, m.vae_scale_factor);
+  if (r.steps < 1) throw RequestError(fmt::format("steps must be at least 1, got {}", r.steps), true);
+  if (r.steps > 10000) throw RequestError(fmt::format("steps {} is beyond the limit of 10000", r.steps), true);
+  if (!std::isfinite(r.guidance)) throw RequestError("guidance must be a finite number", true);
+  if (!std::isfinite(r.true_cfg_scale)) throw RequestError("true_cfg_scale must be a finite number", true);
+  if (r.max_sequence_length < 1 || r.max_sequence_length > 512) {
+    throw RequestError(
+        fmt::format("max_sequence_length must be in [1, 512] (FluxPipeline's limit), got {}", r.max_sequence_length),
+        true);
+  }
+  const auto& c = m.transformer->config();
+  const bool embeds = r.given.count("prompt_embeds") != 0;
+  if (embeds != (r.given.count("pooled_prompt_embeds") != 0)) {
+    throw RequestError("prompt_embeds and pooled_prompt_embeds must be given together", true);
+  }
+  if (!embeds && !m.clip) {
+    throw RequestError(fmt::format("{} was loaded without text encoders: give prompt_embeds and pooled_prompt_embeds",
+                                   m.folder),
+                       true);
+  }
+  need_shape(r.given, "prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
+  need_shape(r.given, "pooled_prompt_embeds", {1, c.pooled_dim}, "[1, pooled_projection_dim]");
+  need_shape(r.given, "negative_prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
+  need_shape(r.given, "negative_pooled_prompt_embeds", {1, c.pooled_dim}, "[1, pooled_projection_dim]");
+  need_shape(r.given, "latents", {1, image_seq_len(r.height, r.width, m.vae_scale_factor), c.in_channels},
+             "packed latents [1, image tokens, in_channels] for this height and width");
+  if (do_true_cfg(r) && !r.given.count("negative_prompt_embeds") && !m.clip) {
+    throw RequestError("true CFG needs negative_prompt_embeds when no text encoders are loaded", true);
+  }
+  for (const auto& [name, t] : r.given) {
+    static const char* known[] = {"prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds",
+                                  "negative_pooled_prompt_embeds", "latents"};
+    bool ok = false;
+    for (const char* k : known) ok = ok || name == k;
+    if (!ok) {
+      throw RequestError(fmt::format("given tensor '{}' is not one of prompt_embeds, pooled_prompt_embeds, "
+                                     "negative_prompt_embeds, negative_pooled_prompt_embeds, latents",
+                                     name),
+                         true);
+    }
+  }
+}
+
+models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t max_sequence_length) const {
+  const Impl& m = *impl_;
+  if (!m.clip || !m.t5) throw RequestError(fmt::format("{} was loaded without text encoders", m.folder), true);
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  const auto clip_ids_vec = m.tokenizer->encode(prompt, m.tokenizer->model_max_length()).input_ids;
+  const auto t5_ids_vec = m.tokenizer_2->encode(prompt, max_sequence_length).input_ids;
+  at::Tensor clip_ids = at::tensor(clip_ids_vec, long_opts).view({1, -1}).to(m.device);
+  at::Tensor t5_ids = at::tensor(t5_ids_vec, long_opts).view({1, -1}).to(m.device);
+  auto clip_out = m.clip->forward(clip_ids);
+  models::TensorMap out;
+  out["pooled_prompt_embeds"] = clip_out.at("pooler_output").to(m.dtype);
+  out["prompt_embeds"] = m.t5->forward(t5_ids).to(m.dtype);
+  return out;
+}
+
+GenerationResult FluxPipeline::generate(const GenerationRequest& r, const StepCallback& on_step) const {
+  check_request(r);
+  const Impl& m = *impl_;
+  const auto& cfg = m.transformer->config();
+  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(m.device);
+  GenerationResult res;
+  res.height = r.height;
+  res.width = r.width;
+
+  // 1. Prompt embeddings.
+  auto t0 = Clock::now();
+  auto given_or = [&](const std::string& name) { return r.given.at(name).to(m.device, m.dtype); };
+  at::Tensor prompt_embeds, pooled;
+  if (r.given.count("prompt_embeds")) {
+    prompt_embeds = given_or("prompt_embeds");
+    pooled = given_or("pooled_prompt_embeds");
+  } else {
+    auto e = encode_prompt(r.prompt, r.max_sequence_length);
+    prompt_embeds = e.at("prompt_embeds");
+    pooled = e.at("pooled_prompt_embeds");
+  }
+  const bool cfg_on = do_true_cfg(r);
+  at::Tensor neg_embeds, neg_pooled;
+  if (cfg_on) {
+    if (r.given.count("negative_prompt_embeds")) {
+      neg_embeds = given_or("negative_prompt_embeds");
+      neg_pooled = given_or("negative_pooled_prompt_embeds");
+    } else {
+      auto e = encode_prompt(r.negative_prompt.value_or(""), r.max_sequence_length);
+      neg_embeds = e.at("prompt_embeds");
+      neg_pooled = e.at("pooled_prompt_embeds");
+    }
+  }
+  res.times.encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  // 2. Latents, ids, schedule, guidance.
+  at::Tensor latents = r.given.count("latents")
+                           ? given_or("latents")
+                           : prepare_latents(r.seed, 1, cfg.in_channels / 4, r.height, r.width, m.dtype, m.device,
+                                             m.vae_scale_factor);
+  const int64_t lh = latent_side(r.height, m.vae_scale_factor), lw = latent_side(r.width, m.vae_scale_factor);
+  at::Tensor img_ids = latent_image_ids(lh / 2, lw / 2, m.dtype, m.device);
+  at::Tensor txt_ids = at::zeros({prompt_embeds.size(1), 3}, at::TensorOptions().dtype(m.dtype).device(m.device));
+  at::Tensor neg_txt_ids;
+  if (cfg_on) neg_txt_ids = at::zeros({neg_embeds.size(1), 3}, txt_ids.options());
+  FlowMatchEulerDiscreteScheduler scheduler(m.scheduler);
+  std::optional<double> mu;
+  if (m.scheduler.use_dynamic_shifting) mu = scheduler.mu_for(latents.size(1));
+  scheduler.set_timesteps(r.steps, mu);  // sigmas = linspace(1, 1/n, n), as FluxPipeline
+  models::TensorMap in;
+  in["encoder_hidden_states"] = prompt_embeds;
+  in["pooled_projections"] = pooled;
+  in["img_ids"] = img_ids;
+  in["txt_ids"] = txt_ids;
+  if (cfg.guidance) in["guidance"] = at::full({1}, r.guidance, fopts);
+  models::TensorMap neg_in;
+  if (cfg_on) {
+    neg_in = in;
+    neg_in["encoder_hidden_states"] = neg_embeds;
+    neg_in["pooled_projections"] = neg_pooled;
+    neg_in["txt_ids"] = neg_txt_ids;
+  }
+
+  // 3. Denoising.
+  const auto& timesteps = scheduler.timesteps();
+  for (int64_t i = 0; i < r.steps; ++i) {
+    const auto ts = Clock::now();
+    at::Tensor t = at::full({1}, timesteps[static_cast<size_t>(i)], fopts).to(latents.scalar_type()) / 1000;
+    in["hidden_states"] = latents;
+    in["timestep"] = t;
+    at::Tensor noise = m.transformer->forward(in);
+    if (cfg_on) {
+      neg_in["hidden_states"] = latents;
+      neg_in["timestep"] = t;
+      at::Tensor neg = m.transformer->forward(neg_in);
+      noise = neg + r.true_cfg_scale * (noise - neg);
+    }
+    latents = scheduler.step(noise, i, latents);
+    const double secs = std::chrono::duration<double>(Clock::now() - ts).count();
+    res.times.step_s.push_back(secs);
+    if (on_step) on_step(i, r.steps, secs);
+  }
+  if (!at::isfinite(latents).all().item<bool>()) {
+    throw RequestError(fmt::format("the latents hold NaN or Inf after {} steps (dtype {}); try fp32 or bf16",
+                                   r.steps, m.dtype_name),
+                       true);
+  }
+  res.latents = std::make_shared<at::Tensor>(latents);
+
+  // 4. Decode (the rank that holds the VAE).
+  if (m.vae) {
+    const auto td = Clock::now();
+    at::Tensor z = unpack_latents(latents, r.height, r.width, m.vae_scale_factor);
+    z = z / m.scaling_factor + m.shift_factor;
+    // The VAE computes in fp32 when force_upcast lifts a 16-bit dtype.
+    z = z.to(checkpoint::parse_compute_dtype(m.vae->compute_dtype(), "vae dtype"));
+    at::Tensor x = m.vae->decode(z);
+    at::Tensor image = (x.to(at::kFloat) / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 1}).contiguous().cpu();
+    at::Tensor bytes = (image * 255).round().to(at::kByte).contiguous();
+    res.rgb.assign(bytes.data_ptr<uint8_t>(), bytes.data_ptr<uint8_t>() + bytes.numel());
+    res.image = std::make_shared<at::Tensor>(image);
+    res.times.decode_s = std::chrono::duration<double>(Clock::now() - td).count();
+  }
+  return res;
+}
+
+int64_t FluxPipeline::vae_scale_factor() const { return impl_->vae_scale_factor; }
+std::vector<int64_t> FluxPipeline::packed_latent_shape(int64_t height, int64_t width) const {
+  return {image_seq_len(height, width, impl_->vae_scale_factor), impl_->transformer->config().in_channels};
+}
+bool FluxPipeline::has_guidance_embeds() const { return impl_->transformer->config().guidance; }
+bool FluxPipeline::decodes() const { return impl_->vae.has_value(); }
+const std::string& FluxPipeline::folder() const { return impl_->folder; }
+const std::string& FluxPipeline::dtype() const { return impl_->dtype_name; }
+uint64_t FluxPipeline::bytes_loaded() const { return impl_->bytes; }
+int64_t FluxPipeline::transformer_all_reduces() const { return impl_->transformer->all_reduces_per_forward(); }
+
+}  // namespace tprun::pipelines

@@ -1,0 +1,33 @@
+#pragma once
+// 8-bit RGB PNG files with text chunks (the prompt, seed, model, ...), through
+// libpng. Writes are atomic: a temporary file in the same folder, fsync,
+// rename; a failed write leaves neither a half-written PNG nor a temporary.
+// Values that are Latin-1 go into tEXt chunks, others (UTF-8) into iTXt.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tprun::pipelines {
+
+using PngText = std::vector<std::pair<std::string, std::string>>;  // keyword -> value (UTF-8)
+
+// `rgb`: height rows of width RGB triples, top row first. Keywords must be
+// 1-79 Latin-1 characters (PNG's rule). Throws tprun::Error naming `path`
+// (RequestError for bad arguments, CheckpointError for I/O failures).
+// Replaces an existing file at `path`.
+void write_png(const std::string& path, const uint8_t* rgb, int width, int height, const PngText& text_chunks);
+
+struct PngImage {
+  int width = 0, height = 0;
+  std::vector<uint8_t> rgb;  // height * width * 3
+  PngText text;              // tEXt, zTXt and iTXt chunks in file order, values as UTF-8
+};
+
+// Reads any PNG libpng can read (converted to 8-bit RGB: palette expanded,
+// alpha dropped, 16-bit stripped, grey replicated). Throws CheckpointError
+// naming `path` for a missing or malformed file.
+PngImage read_png(const std::string& path);
+
+}  // namespace tprun::pipelines

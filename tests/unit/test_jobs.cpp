@@ -1,0 +1,220 @@
+// Job manifests, request files, seeds and the results log (jobs/).
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "jobs/manifest.h"
+#include "jobs/request_list.h"
+#include "jobs/results_log.h"
+#include "runtime/error.h"
+
+namespace tprun::jobs {
+namespace {
+
+namespace fs = std::filesystem;
+
+class JobFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fmt::format("tprun-jobs-{}-{}", ::getpid(), counter_++);
+    fs::create_directories(dir_ / "model");
+    std::ofstream(dir_ / "model" / "model_index.json") << "{}";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+    return (dir_ / name).string();
+  }
+  // The message of the ConfigError `fn` throws ("" if none).
+  template <typename F>
+  static std::string error_of(F fn) {
+    try {
+      fn();
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(e.all_ranks());
+      return e.what();
+    }
+    return "";
+  }
+  fs::path dir_;
+  static inline int counter_ = 0;
+};
+
+constexpr const char* kGood = R"(model = "model"
+dtype = "fp32"
+requests = "prompts.jsonl"
+
+[parallel]
+tp = 2
+dp = 2
+
+[defaults]
+height = 64
+width = 64
+steps = 4
+seed = 42
+
+[output]
+dir = "out"
+formats = ["png"]
+)";
+
+TEST_F(JobFiles, ManifestParsesAndResolvesPaths) {
+  const auto path = write("job.toml", kGood);
+  write("prompts.jsonl", "{\"id\": \"a\", \"prompt\": \"x\"}\n");
+  Manifest m = parse_manifest(path);
+  EXPECT_EQ(m.model, (dir_ / "model").string());
+  EXPECT_EQ(m.requests, (dir_ / "prompts.jsonl").string());
+  EXPECT_EQ(m.output_dir, (dir_ / "out").string());
+  EXPECT_EQ(m.tp, 2);
+  EXPECT_EQ(m.dp, 2);
+  EXPECT_EQ(m.defaults.steps, 4);
+  EXPECT_EQ(m.defaults.seed, 42u);
+  EXPECT_DOUBLE_EQ(m.defaults.guidance, 3.5);  // default
+  EXPECT_TRUE(m.png);
+  EXPECT_NO_THROW(check_paths(m));
+}
+
+TEST_F(JobFiles, OverridesApplyBeforeValidation) {
+  const auto path = write("job.toml", kGood);
+  Manifest m = parse_manifest(path, {parse_override("defaults.steps=8"), parse_override("parallel.tp=1"),
+                                     parse_override("defaults.negative_prompt=blurry"),
+                                     parse_override("output.dir=\"/tmp/x y\"")});
+  EXPECT_EQ(m.defaults.steps, 8);
+  EXPECT_EQ(m.tp, 1);
+  EXPECT_EQ(m.defaults.negative_prompt, "blurry");  // a bare word is a string
+  EXPECT_EQ(m.output_dir, "/tmp/x y");
+  const auto e = error_of([&] { parse_manifest(path, {parse_override("defaults.stepz=8")}); });
+  EXPECT_NE(e.find("--set defaults.stepz: unknown key"), std::string::npos) << e;
+  const auto t = error_of([&] { parse_manifest(path, {parse_override("defaults.steps=\"four\"")}); });
+  EXPECT_NE(t.find("--set defaults.steps: must be an integer"), std::string::npos) << t;
+  EXPECT_THROW(parse_override("no-equals-sign"), ConfigError);
+}
+
+TEST_F(JobFiles, ManifestErrorsNameFileLineAndKey) {
+  struct Case {
+    std::string text, want;
+  };
+  const std::vector<Case> cases = {
+      {"model = \"m\"\nrequests = \"r\"\nstepz = 3\n", "job.toml:3: stepz: unknown key"},
+      {"model = \"m\"\nrequests = \"r\"\n[defaults]\nsteps = \"four\"\n", "job.toml:4: defaults.steps: must be an integer"},
+      {"model = \"m\"\nrequests = \"r\"\n[defaults]\nheight = -5\n", "job.toml:4: defaults.height: -5 is outside"},
+      {"model = \"m\"\nrequests = \"r\"\n[paralel]\ntp = 2\n", "job.toml:3: paralel: unknown key"},
+      {"model = \"m\"\nrequests = \"r\"\n[output]\nformats = [\"gif\"]\n", "output.formats: 'gif' is not one of"},
+      {"model = \"m\"\nrequests = \"r\"\ndtype = \"fp8\"\n", "job.toml:3: dtype: 'fp8' is not one of"},
+      {"model = \"m\"\nrequests = \"r\"\n[memory]\noffload = true\n", "job.toml:4: memory.offload: unknown key"},
+      {"requests = \"r\"\n", "model: required key is missing"},
+      {"model = \"m\"\nrequests = \"r\"\n[defaults\n", "job.toml:3:"},
+      {"model = \"m\"\nrequests = \"r\"\nparallel = 3\n", "job.toml:3: parallel: must be a table"},
+  };
+  for (const auto& c : cases) {
+    const auto path = write("job.toml", c.text);
+    const auto e = error_of([&] { parse_manifest(path); });
+    EXPECT_NE(e.find(c.want), std::string::npos) << "manifest:\n" << c.text << "\nerror: " << e;
+  }
+  EXPECT_NE(error_of([&] { parse_manifest((dir_ / "missing.toml").string()); }).find("no such file"), std::string::npos);
+  const auto path = write("job.toml", "model = \"nope\"\nrequests = \"nope.jsonl\"\n");
+  EXPECT_NE(error_of([&] { check_paths(parse_manifest(path)); }).find("model: "), std::string::npos);
+}
+
+TEST_F(JobFiles, RequestsApplyDefaultsAndOverrides) {
+  GenerationDefaults d;
+  d.steps = 4;
+  d.seed = 9;
+  d.negative_prompt = "ugly";
+  const auto path = write("r.jsonl",
+                          "# a comment\n"
+                          "{\"id\": \"a\", \"prompt\": \"fox\"}\n"
+                          "\n"
+                          "{\"id\": 7, \"prompt\": \"cat\", \"steps\": 2, \"seed\": 5, \"height\": 32, "
+                          "\"negative_prompt\": \"\"}\n");
+  auto rs = read_requests(path, d);
+  ASSERT_EQ(rs.size(), 2u);
+  EXPECT_EQ(rs[0].id, "a");
+  EXPECT_EQ(rs[0].line, 2);
+  EXPECT_EQ(rs[0].gen.steps, 4);
+  EXPECT_EQ(rs[0].gen.seed, derive_seed(9, "a"));
+  EXPECT_EQ(rs[0].gen.negative_prompt.value_or(""), "ugly");
+  EXPECT_EQ(rs[1].id, "7");
+  EXPECT_EQ(rs[1].line, 4);
+  EXPECT_EQ(rs[1].gen.steps, 2);
+  EXPECT_EQ(rs[1].gen.seed, 5u);
+  EXPECT_TRUE(rs[1].seed_given);
+  EXPECT_EQ(rs[1].gen.height, 32);
+  EXPECT_FALSE(rs[1].gen.negative_prompt.has_value());
+  EXPECT_GT(rs[0].cost(), rs[1].cost());
+}
+
+TEST_F(JobFiles, RequestErrorsNameLineAndField) {
+  struct Case {
+    std::string text, want;
+  };
+  const std::vector<Case> cases = {
+      {"{\"id\": \"a\", \"prompt\": \"x\"}\n{\"id\": \"a\", \"prompt\": \"y\"}\n", "r.jsonl:2: id: 'a' is used twice (first on line 1)"},
+      {"{\"id\": \"a\", \"prompt\": \"x\"\n", "r.jsonl:1: json:"},
+      {"{\"prompt\": \"x\"}\n", "r.jsonl:1: id: required field is missing"},
+      {"{\"id\": \"a\"}\n", "r.jsonl:1: prompt: required field is missing"},
+      {"{\"id\": \"a\", \"prompt\": \"x\", \"stepz\": 3}\n", "r.jsonl:1: stepz: unknown field"},
+      {"{\"id\": \"a\", \"prompt\": \"x\", \"steps\": \"3\"}\n", "r.jsonl:1: steps: must be an integer"},
+      {"{\"id\": \"../etc\", \"prompt\": \"x\"}\n", "r.jsonl:1: id: '../etc' is not a valid id"},
+      {"{\"id\": \"a\", \"prompt\": \"x\", \"seed\": -1}\n", "r.jsonl:1: seed: must be a non-negative integer"},
+      {"[1, 2]\n", "r.jsonl:1: json: each line must be one JSON object"},
+      {"{\"id\": \"a\", \"prompt\": \"x\", \"id\": \"b\"}\n", "r.jsonl:1: json:"},
+      {"\n# only comments\n", "holds no request"},
+  };
+  for (const auto& c : cases) {
+    const auto path = write("r.jsonl", c.text);
+    const auto e = error_of([&] { read_requests(path, {}); });
+    EXPECT_NE(e.find(c.want), std::string::npos) << "requests:\n" << c.text << "error: " << e;
+  }
+}
+
+TEST(Seeds, DependOnBaseAndIdOnly) {
+  EXPECT_EQ(derive_seed(0, "fox"), derive_seed(0, "fox"));
+  EXPECT_NE(derive_seed(0, "fox"), derive_seed(1, "fox"));
+  EXPECT_NE(derive_seed(0, "fox"), derive_seed(0, "fox2"));
+  EXPECT_LT(derive_seed(123, "x"), uint64_t{1} << 53);
+}
+
+TEST_F(JobFiles, ResultsLogResumesAndDropsTornLines) {
+  {
+    ResultsLog log(dir_.string());
+    log.begin({});
+    ResultRecord a;
+    a.id = "a";
+    a.status = "done";
+    a.path = "images/a.png";
+    log.append(a);
+    ResultRecord b;
+    b.id = "b";
+    b.status = "failed";
+    b.error = "height 30 is not a multiple of 16";
+    log.append(b);
+  }
+  // A writer killed mid-line.
+  std::ofstream(dir_ / "results.jsonl", std::ios::app) << "{\"id\": \"c\", \"sta";
+  ResultsLog log(dir_.string());
+  EXPECT_EQ(log.torn_lines(), 1);
+  ASSERT_EQ(log.records().size(), 2u);
+  EXPECT_EQ(log.records().at("b").error, "height 30 is not a multiple of 16");
+  log.begin({"b"});  // b runs again: its record goes
+  ResultRecord b2;
+  b2.id = "b";
+  b2.status = "done";
+  log.append(b2);
+  std::ifstream in(dir_ / "results.jsonl");
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(in, line)) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("\"id\":\"a\""), std::string::npos);
+  EXPECT_NE(lines[1].find("\"id\":\"b\""), std::string::npos);
+  EXPECT_NE(lines[1].find("\"status\":\"done\""), std::string::npos);
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  }
+}
+
+}  // namespace
+}  // namespace tprun::jobs
