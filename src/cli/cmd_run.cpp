@@ -22,6 +22,9 @@ Command run_command() {
         ("set", po::value<std::vector<std::string>>()->composing(),
          "override any manifest key: --set defaults.steps=4 --set parallel.tp=2 (repeatable)")
         ("retry-failed", po::bool_switch(), "also rerun the requests recorded 'failed'")
+        ("shard", po::value<std::string>(),
+         "run chunk I of N of the requests (I/N, or 'slurm' in a job array) into <output.dir>/shard-I-of-N; "
+         "merge the chunks with tprun merge-results")
         ("progress", po::value<std::string>()->default_value("auto"),
          "auto (a live line on a terminal, log lines otherwise) | live | log | none");
     desc.add(o);
@@ -45,6 +48,7 @@ Command run_command() {
       o.overrides.emplace_back("output.dir", quoted + "\"");
     }
     o.retry_failed = vm["retry-failed"].as<bool>();
+    if (vm.count("shard")) jobs::parse_shard(vm["shard"].as<std::string>(), o);
     o.progress = vm["progress"].as<std::string>();
     if (o.progress != "auto" && o.progress != "live" && o.progress != "log" && o.progress != "none") {
       throw ConfigError(fmt::format("--progress {}: not one of auto, live, log, none", o.progress), true);

@@ -35,6 +35,7 @@ Command verify_command();
 Command tokenize_command();
 Command generate_command();
 Command run_command();
+Command merge_results_command();
 Command init_model_command();
 
 int run_cli(int argc, char** argv);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -79,6 +80,20 @@ Plan read_plan(const RunOptions& o) {
   p.manifest = parse_manifest(o.manifest, o.overrides);
   check_paths(p.manifest);
   p.requests = read_requests(p.manifest.requests, p.manifest.defaults);
+  if (o.shard_count > 0) {
+    std::vector<JobRequest> mine;
+    for (size_t i = 0; i < p.requests.size(); ++i) {
+      if (static_cast<int>(i % static_cast<size_t>(o.shard_count)) == o.shard_index) mine.push_back(p.requests[i]);
+    }
+    p.requests = std::move(mine);
+    p.manifest.output_dir =
+        (fs::path(p.manifest.output_dir) / fmt::format("shard-{}-of-{}", o.shard_index, o.shard_count)).string();
+    if (p.requests.empty()) {
+      throw ConfigError(fmt::format("--shard {}/{}: {} has no request in this chunk", o.shard_index, o.shard_count,
+                                    p.manifest.requests),
+                        true);
+    }
+  }
   if (p.manifest.batch_size != 1) {
     throw ConfigError(fmt::format("{}: output.batch_size: batching requests is not implemented yet; use 1",
                                   p.manifest.path),
@@ -146,6 +161,35 @@ pipelines::GenerationRequest to_generation(const GenerationParams& p) {
 
 }  // namespace
 
+void parse_shard(const std::string& text, RunOptions& o) {
+  auto env_int = [](const char* name) -> long {
+    const char* v = std::getenv(name);
+    if (!v || !*v) throw ConfigError(fmt::format("--shard slurm: {} is not set (not a Slurm job array task)", name), true);
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (*end != '\0') throw ConfigError(fmt::format("--shard slurm: {}='{}' is not a number", name, v), true);
+    return x;
+  };
+  long index = 0, count = 0;
+  if (text == "slurm") {
+    index = env_int("SLURM_ARRAY_TASK_ID") - env_int("SLURM_ARRAY_TASK_MIN");
+    count = env_int("SLURM_ARRAY_TASK_COUNT");
+  } else {
+    const size_t slash = text.find('/');
+    char* end = nullptr;
+    if (slash == std::string::npos) throw ConfigError(fmt::format("--shard '{}': expected I/N or 'slurm'", text), true);
+    index = std::strtol(text.c_str(), &end, 10);
+    if (end != text.c_str() + slash) throw ConfigError(fmt::format("--shard '{}': expected I/N or 'slurm'", text), true);
+    count = std::strtol(text.c_str() + slash + 1, &end, 10);
+    if (*end != '\0') throw ConfigError(fmt::format("--shard '{}': expected I/N or 'slurm'", text), true);
+  }
+  if (count < 1 || index < 0 || index >= count) {
+    throw ConfigError(fmt::format("--shard {}: chunk {} of {} is out of range (0 <= I < N)", text, index, count), true);
+  }
+  o.shard_index = static_cast<int>(index);
+  o.shard_count = static_cast<int>(count);
+}
+
 void install_stop_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -159,6 +203,14 @@ bool stop_requested() { return g_stop.load() != 0; }
 int run_job(Session& session, const RunOptions& options) {
   const int rank = session.rank();
   const int world = session.world();
+
+  if (rank == 0) {
+    if (const char* restarts = std::getenv("SLURM_RESTART_COUNT")) {
+      spdlog::info("Slurm job {} restart count {} (requeued: finished requests are kept)",
+                   std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "?", restarts);
+    }
+    if (options.shard_count > 0) spdlog::info("chunk {} of {} of the requests", options.shard_index, options.shard_count);
+  }
 
   // 1. Validation on rank 0, one verdict for all.
   Plan plan;

@@ -47,7 +47,17 @@ struct RunOptions {
   std::vector<Override> overrides;  // --set, --out
   bool retry_failed = false;
   std::string progress = "auto";  // auto | live | log | none
+  // Chunk `shard_index` of `shard_count` (0: the whole file): the requests at
+  // positions p (file order) with p % count == index, written to
+  // <output.dir>/shard-<index>-of-<count>, resumable on its own; merge the
+  // chunks with `tprun merge-results`. A Slurm job array passes
+  // --shard slurm (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN of SLURM_ARRAY_TASK_COUNT).
+  int shard_index = 0, shard_count = 0;
 };
+
+// Parses "I/N" (0 <= I < N) or "slurm" (from the job array's variables).
+// ConfigError naming --shard.
+void parse_shard(const std::string& text, RunOptions& options);
 
 int run_job(Session& session, const RunOptions& options);
 

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "jobs/job_runner.h"
 #include "jobs/manifest.h"
+#include "jobs/merge_results.h"
 #include "jobs/request_list.h"
 #include "jobs/results_log.h"
 #include "runtime/error.h"
@@ -214,6 +216,60 @@ TEST_F(JobFiles, ResultsLogResumesAndDropsTornLines) {
   for (const auto& e : fs::directory_iterator(dir_)) {
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
   }
+}
+
+TEST(Shards, ParseIndexOfCount) {
+  RunOptions o;
+  parse_shard("2/5", o);
+  EXPECT_EQ(o.shard_index, 2);
+  EXPECT_EQ(o.shard_count, 5);
+  EXPECT_THROW(parse_shard("5/5", o), ConfigError);
+  EXPECT_THROW(parse_shard("x/5", o), ConfigError);
+  EXPECT_THROW(parse_shard("3", o), ConfigError);
+  ::setenv("SLURM_ARRAY_TASK_ID", "7", 1);
+  ::setenv("SLURM_ARRAY_TASK_MIN", "5", 1);
+  ::setenv("SLURM_ARRAY_TASK_COUNT", "4", 1);
+  parse_shard("slurm", o);
+  EXPECT_EQ(o.shard_index, 2);
+  EXPECT_EQ(o.shard_count, 4);
+  ::unsetenv("SLURM_ARRAY_TASK_COUNT");
+  EXPECT_THROW(parse_shard("slurm", o), ConfigError);
+  ::unsetenv("SLURM_ARRAY_TASK_ID");
+  ::unsetenv("SLURM_ARRAY_TASK_MIN");
+}
+
+TEST_F(JobFiles, MergeResultsLinksOutputsAndRefusesDoubleDone) {
+  auto chunk = [&](const std::string& name, const std::vector<std::pair<std::string, std::string>>& recs) {
+    const fs::path d = dir_ / name;
+    fs::create_directories(d / "images");
+    ResultsLog log(d.string());
+    log.begin({});
+    for (const auto& [id, status] : recs) {
+      ResultRecord r;
+      r.id = id;
+      r.status = status;
+      if (status == "done") {
+        r.path = "images/" + id + ".png";
+        std::ofstream(d / r.path) << "png " << id;
+      }
+      log.append(r);
+    }
+    return d.string();
+  };
+  const auto a = chunk("shard-0-of-2", {{"x", "done"}, {"y", "failed"}});
+  const auto b = chunk("shard-1-of-2", {{"y", "done"}, {"z", "done"}});
+  const auto s = merge_results({a, b}, (dir_ / "merged").string());
+  EXPECT_EQ(s.done, 3);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.chunks, 2);
+  ResultsLog merged((dir_ / "merged").string());
+  ASSERT_EQ(merged.records().size(), 3u);
+  EXPECT_EQ(merged.records().at("y").status, "done");
+  for (const char* id : {"x", "y", "z"}) EXPECT_TRUE(fs::exists(dir_ / "merged" / "images" / (std::string(id) + ".png")));
+  const auto c = chunk("shard-x", {{"z", "done"}});
+  const auto e = error_of([&] { merge_results({a, b, c}, (dir_ / "merged2").string()); });
+  EXPECT_NE(e.find("request 'z' is done in both"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(dir_ / "merged2" / "results.jsonl"));
 }
 
 }  // namespace
