@@ -33,12 +33,16 @@ export SLURM_CONF=$conf
 
 say() { echo "slurm-local: $*" >&2; }
 
+has_env() { tr '\0' '\n' 2>/dev/null <"/proc/$1/environ" | grep -qx "$2"; }
+is_zombie() { [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
+alive() { kill -0 "$1" 2>/dev/null && ! is_zombie "$1"; } # init reaps slowly here
+
 # PID of a daemon we started, if it still runs (the pid file must name a live
 # process with the right command, so a reused PID is not mistaken for it).
 pid_of() {
   local p
   p=$(cat "$dir/$1.pid" 2>/dev/null) || return 1
-  [[ $p =~ ^[0-9]+$ ]] && [ "$(cat /proc/"$p"/comm 2>/dev/null)" = "$1" ] && echo "$p"
+  [[ $p =~ ^[0-9]+$ ]] && [ "$(cat /proc/"$p"/comm 2>/dev/null)" = "$1" ] && ! is_zombie "$p" && echo "$p"
 }
 
 ensure_packages() {
@@ -145,6 +149,7 @@ up() {
   mkdir -p "$dir" "$dir/munge" "$dir/log" "$dir/state" "$dir/spool"
   chmod 0755 "$dir" "$dir/munge" "$dir/log"
   write_config
+  for d in "${daemons[@]}"; do : >"$dir/log/$d.log"; done
 
   # munged with its own key, socket, pid, log and seed files.
   local key=$dir/munge/munge.key
@@ -175,32 +180,51 @@ up() {
   print_env
 }
 
-# Stops one daemon by PID: SIGTERM, then SIGKILL after $2 seconds.
+# Stops one process by PID: SIGTERM, then SIGKILL after $2 seconds.
 stop_pid() {
   local p=$1 wait=$2 i
   kill "$p" 2>/dev/null || return 0
-  for i in $(seq $((wait * 10))); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.1; done
-  say "pid $p did not exit in ${wait} s; SIGKILL"
-  kill -9 "$p" 2>/dev/null || true
-  while kill -0 "$p" 2>/dev/null; do sleep 0.1; done
+  for i in $(seq $((wait * 10))); do alive "$p" || break; sleep 0.1; done
+  if alive "$p"; then
+    say "pid $p did not exit in ${wait} s; SIGKILL"
+    kill -9 "$p" 2>/dev/null || true
+    while alive "$p"; do sleep 0.1; done
+  fi
+  stopped+=("$p")
 }
 
-# slurmstepd processes of this cluster (they carry our SLURM_CONF from slurmd),
-# or any whose slurmd is gone (reparented to init).
+# slurmstepd processes of this cluster (they inherit our SLURM_CONF from
+# slurmd), or any left behind once no slurmd runs on this machine at all.
 stray_stepds() {
-  local p
+  local p orphans=0
+  pgrep -x slurmd >/dev/null || orphans=1
   for p in $(pgrep -x slurmstepd || true); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$conf" ||
-      [ "$(awk '{print $4}' "/proc/$p/stat" 2>/dev/null)" = 1 ]; then echo "$p"; fi
+    if has_env "$p" "SLURM_CONF=$conf" || [ $orphans -eq 1 ]; then
+      echo "$p"
+    fi
   done
 }
 
 stop_daemons() {
-  local p d
+  local p d i stopped=()
   for d in slurmd slurmctld; do p=$(pid_of $d) && stop_pid "$p" 10; done
   for p in $(stray_stepds); do stop_pid "$p" 3; done
+  # Job tasks orphaned by a killed slurmstepd: kill their process groups.
+  for p in $(pgrep -P 1 || true); do
+    if has_env "$p" "SLURM_CONF=$conf" && tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -q '^SLURM_JOB_ID='; then
+      say "killing orphaned job process $p ($(cat "/proc/$p/comm" 2>/dev/null))"
+      kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null || true
+    fi
+  done
   p=$(pid_of munged) && stop_pid "$p" 10
   for d in "${daemons[@]}"; do rm -f "$dir/$d.pid"; done
+  # init reaps exited daemons only every second or so: wait (up to 3 s) so
+  # that `ps` right after `down` shows no <defunct> entries.
+  for i in $(seq 30); do
+    for p in "${stopped[@]}"; do [ -e "/proc/$p" ] && break; p=""; done
+    [ -z "${p:-}" ] && break
+    sleep 0.1
+  done
 }
 
 down() {
@@ -213,6 +237,7 @@ down() {
       timeout 10 scancel --full $jobs 2>/dev/null || true
       for i in $(seq 30); do
         [ -z "$(timeout 5 squeue -h -t R,CG,S -o %A 2>/dev/null)" ] && [ -z "$(stray_stepds)" ] && break
+        pid_of slurmd >/dev/null || break
         sleep 0.5
       done
     fi

@@ -7,6 +7,7 @@
 #include "cli/command.h"
 #include "runtime/error.h"
 #include "runtime/guard.h"
+#include "runtime/logging.h"
 #include "runtime/rank_env.h"
 
 namespace tprun::cli {
@@ -93,6 +94,24 @@ int run_cli(int argc, char** argv) {
                                    command->name));
   }
   return run_guarded([&] { return command->run(vm, &argc, &argv); });
+}
+
+int run_file_tool(const std::string& log_level, const std::function<int()>& body) {
+  auto env = rank_env_from_variables(process_env());
+  const int rank = env ? env->rank : 0;
+  init_logging({rank, env ? env->world : 1, log_level, ""});
+  std::streambuf* saved = nullptr;
+  std::ostringstream sink;
+  if (rank != 0) saved = std::cout.rdbuf(sink.rdbuf());
+  int rc = exit_code::kOk;
+  try {
+    rc = body();
+  } catch (const Error& e) {
+    if (saved) std::cout.rdbuf(saved);
+    rethrow_on_all_ranks(e);  // identical on every rank: a clean exit everywhere, no MPI_Abort
+  }
+  if (saved) std::cout.rdbuf(saved);
+  return rc;
 }
 
 }  // namespace tprun::cli

@@ -55,22 +55,12 @@ GenerationRequest request_from(const po::variables_map& vm) {
 }
 
 std::vector<std::pair<std::string, std::string>> png_text(const GenerationRequest& r, const std::string& model,
-                                                          const std::string& dtype, int tp, bool given_inputs) {
-  std::vector<std::pair<std::string, std::string>> t = {
-      {"Software", fmt::format("tprun {}", TPRUN_VERSION)},
-      {"prompt", given_inputs ? std::string("(prompt_embeds given)") : r.prompt},
-  };
-  if (r.negative_prompt) t.emplace_back("negative_prompt", *r.negative_prompt);
-  t.emplace_back("seed", given_inputs && r.given.count("latents") ? std::string("(latents given)")
-                                                                  : std::to_string(r.seed));
-  t.emplace_back("height", std::to_string(r.height));
-  t.emplace_back("width", std::to_string(r.width));
-  t.emplace_back("steps", std::to_string(r.steps));
-  t.emplace_back("guidance", fmt::format("{}", r.guidance));
-  t.emplace_back("true_cfg_scale", fmt::format("{}", r.true_cfg_scale));
-  t.emplace_back("max_sequence_length", std::to_string(r.max_sequence_length));
-  t.emplace_back("model", model);
-  t.emplace_back("dtype", dtype);
+                                                          const std::string& dtype, int tp) {
+  auto t = pipelines::generation_text(r, model, dtype);
+  for (auto& [k, v] : t) {
+    if (k == "prompt" && r.given.count("prompt_embeds")) v = "(prompt_embeds given)";
+    if (k == "seed" && r.given.count("latents")) v = "(latents given)";
+  }
   t.emplace_back("tp", std::to_string(tp));
   return t;
 }
@@ -150,7 +140,7 @@ Command generate_command() {
       if (vm.count("out")) {
         const std::string out = vm["out"].as<std::string>();
         pipelines::write_png(out, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
-                             png_text(req, model, opts.dtype, tp.size, embeds_given));
+                             png_text(req, model, opts.dtype, tp.size));
         spdlog::info("wrote {} ({}x{})", out, res.width, res.height);
       }
       if (vm.count("out-tensors")) {

@@ -246,25 +246,11 @@ Command inspect_command() {
     pos.add("path", 1);
   };
   c.run = [](const po::variables_map& vm, int*, char***) {
-    auto env = rank_env_from_variables(process_env());
-    const int rank = env ? env->rank : 0;
-    init_logging({rank, env ? env->world : 1, vm["log-level"].as<std::string>(), ""});
-    const int tp = vm["tp"].as<int>();
-    if (tp < 0) throw ConfigError(fmt::format("--tp {} must be positive", tp), true);
-    // A file tool: every rank checks (so every rank fails alike), rank 0 prints.
-    std::streambuf* saved = nullptr;
-    std::ostringstream sink;
-    if (rank != 0) saved = std::cout.rdbuf(sink.rdbuf());
-    int rc = exit_code::kOk;
-    try {
-      rc = run_inspect(vm["path"].as<std::string>(), tp, vm["json"].as<bool>(), vm["variant"].as<std::string>());
-    } catch (const Error& e) {
-      if (saved) std::cout.rdbuf(saved);
-      // Identical on every rank: a clean exit everywhere, no MPI_Abort.
-      rethrow_on_all_ranks(e);
-    }
-    if (saved) std::cout.rdbuf(saved);
-    return rc;
+    return run_file_tool(vm["log-level"].as<std::string>(), [&] {
+      const int tp = vm["tp"].as<int>();
+      if (tp < 0) throw ConfigError(fmt::format("--tp {} must be positive", tp), true);
+      return run_inspect(vm["path"].as<std::string>(), tp, vm["json"].as<bool>(), vm["variant"].as<std::string>());
+    });
   };
   return c;
 }

@@ -2,7 +2,6 @@
 // prompt, exactly as the pipeline passes them to the text encoders (CLIP padded
 // to its model_max_length, T5 to --max-sequence-length).
 #include <iostream>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,8 +12,6 @@
 #include "pipelines/clip_tokenizer.h"
 #include "pipelines/t5_tokenizer.h"
 #include "runtime/error.h"
-#include "runtime/logging.h"
-#include "runtime/rank_env.h"
 
 namespace tprun::cli {
 namespace {
@@ -75,25 +72,12 @@ Command tokenize_command() {
     desc.add(o);
   };
   c.run = [](const po::variables_map& vm, int*, char***) {
-    auto env = rank_env_from_variables(process_env());
-    const int rank = env ? env->rank : 0;
-    init_logging({rank, env ? env->world : 1, vm["log-level"].as<std::string>(), ""});
-    if (!vm.count("model")) throw ConfigError("--model is required", true);
-    if (!vm.count("prompt")) throw ConfigError("--prompt is required", true);
-    // A file tool: every rank checks (so every rank fails alike), rank 0 prints.
-    std::streambuf* saved = nullptr;
-    std::ostringstream sink;
-    if (rank != 0) saved = std::cout.rdbuf(sink.rdbuf());
-    int rc = exit_code::kOk;
-    try {
-      rc = run_tokenize(vm["model"].as<std::string>(), vm["prompt"].as<std::string>(),
-                        vm["max-sequence-length"].as<int64_t>(), vm["json"].as<bool>());
-    } catch (const Error& e) {
-      if (saved) std::cout.rdbuf(saved);
-      rethrow_on_all_ranks(e);
-    }
-    if (saved) std::cout.rdbuf(saved);
-    return rc;
+    return run_file_tool(vm["log-level"].as<std::string>(), [&] {
+      if (!vm.count("model")) throw ConfigError("--model is required", true);
+      if (!vm.count("prompt")) throw ConfigError("--prompt is required", true);
+      return run_tokenize(vm["model"].as<std::string>(), vm["prompt"].as<std::string>(),
+                          vm["max-sequence-length"].as<int64_t>(), vm["json"].as<bool>());
+    });
   };
   return c;
 }

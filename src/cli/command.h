@@ -40,4 +40,9 @@ Command init_model_command();
 
 int run_cli(int argc, char** argv);
 
+// The file tools (inspect, tokenize) under mpirun: logging set up from the
+// launcher's variables, every rank runs `body` (so every rank fails alike, a
+// clean exit everywhere), only rank 0's standard output is kept.
+int run_file_tool(const std::string& log_level, const std::function<int()>& body);
+
 }  // namespace tprun::cli

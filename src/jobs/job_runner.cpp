@@ -125,26 +125,6 @@ std::vector<std::vector<const JobRequest*>> assign(const std::vector<const JobRe
   return out;
 }
 
-std::vector<std::pair<std::string, std::string>> png_text(const JobRequest& r, const Manifest& m) {
-  const auto& g = r.gen;
-  std::vector<std::pair<std::string, std::string>> t = {
-      {"Software", fmt::format("tprun {}", TPRUN_VERSION)},
-      {"id", r.id},
-      {"prompt", g.prompt},
-  };
-  if (g.negative_prompt) t.emplace_back("negative_prompt", *g.negative_prompt);
-  t.emplace_back("seed", std::to_string(g.seed));
-  t.emplace_back("height", std::to_string(g.height));
-  t.emplace_back("width", std::to_string(g.width));
-  t.emplace_back("steps", std::to_string(g.steps));
-  t.emplace_back("guidance", fmt::format("{}", g.guidance));
-  t.emplace_back("true_cfg_scale", fmt::format("{}", g.true_cfg_scale));
-  t.emplace_back("max_sequence_length", std::to_string(g.max_sequence_length));
-  t.emplace_back("model", m.model);
-  t.emplace_back("dtype", m.dtype);
-  return t;
-}
-
 pipelines::GenerationRequest to_generation(const GenerationParams& p) {
   pipelines::GenerationRequest g;
   g.prompt = p.prompt;
@@ -157,6 +137,12 @@ pipelines::GenerationRequest to_generation(const GenerationParams& p) {
   g.seed = p.seed;
   g.max_sequence_length = p.max_sequence_length;
   return g;
+}
+
+std::vector<std::pair<std::string, std::string>> png_text(const JobRequest& r, const Manifest& m) {
+  auto t = pipelines::generation_text(to_generation(r.gen), m.model, m.dtype);
+  t.insert(t.begin() + 1, {"id", r.id});
+  return t;
 }
 
 }  // namespace

@@ -77,10 +77,7 @@ at::Tensor checked_input_ids(const at::Tensor& ids, int64_t vocab_size, const st
 
 ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& c, const std::string& path) {
   ClipTextConfig f;
-  auto get = [&](const char* field, int64_t& v) {
-    v = config_int_or_null(c, field, path).value_or(v);
-    if (v <= 0) throw CheckpointError(fmt::format("{}: field '{}' must be positive, got {}", path, field, v));
-  };
+  auto get = [&](const char* field, int64_t& v) { v = config_positive(c, field, path, v); };
   get("vocab_size", f.vocab_size);
   get("hidden_size", f.hidden_size);
   get("intermediate_size", f.intermediate_size);

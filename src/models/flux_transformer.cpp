@@ -131,9 +131,7 @@ FluxTransformer FluxTransformer::load(checkpoint::WeightSource& source, const nl
     throw CheckpointError(fmt::format("{}: not a FluxTransformer2DModel config", config_path));
   }
   validate_flux_plan(*table, source, tp.size);
-  if (tp.size > 1 && (!tp.comm || tp.comm->size() != tp.size || tp.comm->rank() != tp.rank)) {
-    throw Error(Error::Kind::Internal, fmt::format("TpContext {}/{} does not match its communicator", tp.rank, tp.size));
-  }
+  parallel::check_tp_context(tp);
 
   checkpoint::LoadOptions lopts;
   lopts.mode = options.mode;

@@ -131,6 +131,13 @@ std::optional<int64_t> config_int_or_null(const nlohmann::json& config, const st
   return v.get<int64_t>();
 }
 
+int64_t config_positive(const nlohmann::json& config, const std::string& field, const std::string& config_path,
+                        int64_t fallback) {
+  const int64_t v = config_int_or_null(config, field, config_path).value_or(fallback);
+  if (v <= 0) throw CheckpointError(fmt::format("{}: field '{}' must be positive, got {}", config_path, field, v));
+  return v;
+}
+
 int64_t config_int(const nlohmann::json& config, const std::string& field, const std::string& config_path) {
   auto v = config_int_or_null(config, field, config_path);
   if (!v) throw CheckpointError(fmt::format("{}: required field '{}' is missing", config_path, field));

@@ -76,6 +76,10 @@ bool register_model_table(const std::string& cls, TableBuilder builder);
 
 // Reads an integer field of config.json; CheckpointError naming file and field.
 int64_t config_int(const nlohmann::json& config, const std::string& field, const std::string& config_path);
+// An optional positive integer field: `fallback` when absent or null;
+// CheckpointError naming file and field when not a positive integer.
+int64_t config_positive(const nlohmann::json& config, const std::string& field, const std::string& config_path,
+                        int64_t fallback);
 std::optional<int64_t> config_int_or_null(const nlohmann::json& config, const std::string& field,
                                           const std::string& config_path);
 

@@ -32,10 +32,7 @@ namespace tprun::models {
 
 T5Config T5Config::from_json(const nlohmann::json& c, const std::string& path) {
   T5Config f;
-  auto get = [&](const char* field, int64_t& v) {
-    v = config_int_or_null(c, field, path).value_or(v);
-    if (v <= 0) throw CheckpointError(fmt::format("{}: field '{}' must be positive, got {}", path, field, v));
-  };
+  auto get = [&](const char* field, int64_t& v) { v = config_positive(c, field, path, v); };
   get("vocab_size", f.vocab_size);
   get("d_model", f.d_model);
   get("d_kv", f.d_kv);
@@ -120,9 +117,7 @@ T5Encoder T5Encoder::load(checkpoint::WeightSource& source, const nlohmann::json
   const ModelTable table = t5_encoder_table(m.config_);
   // Before any weight byte: tp divides num_heads, shapes, split dims.
   validate_flux_plan(table, source, tp.size);
-  if (tp.size > 1 && (!tp.comm || tp.comm->size() != tp.size || tp.comm->rank() != tp.rank)) {
-    throw Error(Error::Kind::Internal, fmt::format("TpContext {}/{} does not match its communicator", tp.rank, tp.size));
-  }
+  parallel::check_tp_context(tp);
 
   checkpoint::LoadOptions lopts;
   lopts.mode = options.mode;

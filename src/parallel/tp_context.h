@@ -16,4 +16,8 @@ struct TpContext {
   dist::Communicator* comm = nullptr;
 };
 
+// Internal error unless size > 1 comes with a communicator of that size in
+// which this process has `rank` (a model's load checks its context with it).
+void check_tp_context(const TpContext& tp);
+
 }  // namespace tprun::parallel

@@ -351,6 +351,23 @@ GenerationResult FluxPipeline::generate(const GenerationRequest& r, const StepCa
   return res;
 }
 
+std::vector<std::pair<std::string, std::string>> generation_text(const GenerationRequest& r, const std::string& model,
+                                                                  const std::string& dtype) {
+  std::vector<std::pair<std::string, std::string>> t = {{"Software", fmt::format("tprun {}", TPRUN_VERSION)},
+                                                        {"prompt", r.prompt}};
+  if (r.negative_prompt) t.emplace_back("negative_prompt", *r.negative_prompt);
+  t.emplace_back("seed", std::to_string(r.seed));
+  t.emplace_back("height", std::to_string(r.height));
+  t.emplace_back("width", std::to_string(r.width));
+  t.emplace_back("steps", std::to_string(r.steps));
+  t.emplace_back("guidance", fmt::format("{}", r.guidance));
+  t.emplace_back("true_cfg_scale", fmt::format("{}", r.true_cfg_scale));
+  t.emplace_back("max_sequence_length", std::to_string(r.max_sequence_length));
+  t.emplace_back("model", model);
+  t.emplace_back("dtype", dtype);
+  return t;
+}
+
 int64_t FluxPipeline::vae_scale_factor() const { return impl_->vae_scale_factor; }
 std::vector<int64_t> FluxPipeline::packed_latent_shape(int64_t height, int64_t width) const {
   return {image_seq_len(height, width, impl_->vae_scale_factor), impl_->transformer->config().in_channels};

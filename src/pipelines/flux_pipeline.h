@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/tensor_map.h"
@@ -82,6 +83,12 @@ struct GenerationResult {
   StageTimes times;
   bool decoded() const { return !rgb.empty(); }
 };
+
+// A request's parameters as PNG text chunks, in this order: Software, prompt,
+// negative_prompt (when set), seed, height, width, steps, guidance,
+// true_cfg_scale, max_sequence_length, model, dtype.
+std::vector<std::pair<std::string, std::string>> generation_text(const GenerationRequest& request,
+                                                                  const std::string& model, const std::string& dtype);
 
 // Called after each denoising step (step index, steps, seconds of that step).
 using StepCallback = std::function<void(int64_t step, int64_t steps, double seconds)>;
