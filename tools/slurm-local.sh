@@ -8,7 +8,7 @@
 #                                  eval "$(tools/slurm-local.sh up)"
 #   tools/slurm-local.sh down    cancel all jobs, stop the daemons (by PID,
 #                                SIGKILL after a timeout), kill stray slurmstepd
-#   tools/slurm-local.sh status  daemons + sinfo; exit 0 if up, 1 if down
+#   tools/slurm-local.sh status  daemons + sinfo (stdout); exit 0 if up, else 1
 #   tools/slurm-local.sh env     prints `export SLURM_CONF=...` when up
 #
 # Everything lives in ${TPRUN_SLURM_DIR:-/tmp/tprun-slurm}: slurm.conf, the
@@ -19,7 +19,9 @@
 # PMIx by default (MpiDefault=pmix); finished jobs stay visible 300 s;
 # requeued jobs restart after ~10 s (cred_expire=10). Ports
 # ${TPRUN_SLURM_PORT:-6817} (slurmctld) and the next one (slurmd).
-# Messages go to stderr; stdout carries only the export line.
+# Messages go to stderr; stdout carries only the export line. In jobs: srun
+# needs no --mpi flag; mpirun (as root) needs OMPI_ALLOW_RUN_AS_ROOT=1 and
+# OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; more tasks than CPUs pend forever.
 set -euo pipefail
 
 dir=${TPRUN_SLURM_DIR:-/tmp/tprun-slurm}
@@ -33,7 +35,7 @@ export SLURM_CONF=$conf
 
 say() { echo "slurm-local: $*" >&2; }
 
-has_env() { tr '\0' '\n' 2>/dev/null <"/proc/$1/environ" | grep -qx "$2"; }
+env_of() { tr '\0' '\n' 2>/dev/null <"/proc/$1/environ"; }
 is_zombie() { [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
 alive() { kill -0 "$1" 2>/dev/null && ! is_zombie "$1"; } # init reaps slowly here
 
@@ -166,10 +168,10 @@ up() {
   # slurmctld (fresh state: -c), then slurmd; both daemonize and write pid files.
   slurmctld -c -f "$conf" 2>>"$dir/log/slurmctld.log" || fail slurmctld "$dir/log/slurmctld.log"
   local i
-  for i in $(seq 60); do
-    timeout 5 scontrol ping 2>/dev/null | grep -q UP && break
-    pid_of slurmctld >/dev/null || [ "$i" -lt 4 ] || fail slurmctld "$dir/log/slurmctld.log" "exited"
-    [ "$i" -eq 60 ] && fail slurmctld "$dir/log/slurmctld.log" "no answer to ping"
+  for i in $(seq 40); do
+    pid_of slurmctld >/dev/null || [ "$i" -lt 3 ] || fail slurmctld "$dir/log/slurmctld.log" "exited"
+    timeout 2 scontrol ping 2>/dev/null | grep -q UP && break
+    [ "$i" -eq 40 ] && fail slurmctld "$dir/log/slurmctld.log" "no answer to ping"
     sleep 0.5
   done
   slurmd -c -N "$host" -f "$conf" 2>>"$dir/log/slurmd.log" || fail slurmd "$dir/log/slurmd.log"
@@ -198,20 +200,18 @@ stop_pid() {
 stray_stepds() {
   local p orphans=0
   pgrep -x slurmd >/dev/null || orphans=1
-  for p in $(pgrep -x slurmstepd || true); do
-    if has_env "$p" "SLURM_CONF=$conf" || [ $orphans -eq 1 ]; then
-      echo "$p"
-    fi
+  for p in $(pgrep -x slurmstepd); do
+    { env_of "$p" | grep -qxF "SLURM_CONF=$conf" || [ $orphans -eq 1 ]; } && echo "$p"
   done
 }
 
 stop_daemons() {
-  local p d i stopped=()
+  local p d i left stopped=()
   for d in slurmd slurmctld; do p=$(pid_of $d) && stop_pid "$p" 10; done
   for p in $(stray_stepds); do stop_pid "$p" 3; done
   # Job tasks orphaned by a killed slurmstepd: kill their process groups.
   for p in $(pgrep -P 1 || true); do
-    if has_env "$p" "SLURM_CONF=$conf" && tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -q '^SLURM_JOB_ID='; then
+    if env_of "$p" | grep -qxF "SLURM_CONF=$conf" && env_of "$p" | grep -q '^SLURM_JOB_ID='; then
       say "killing orphaned job process $p ($(cat "/proc/$p/comm" 2>/dev/null))"
       kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null || true
     fi
@@ -221,8 +221,9 @@ stop_daemons() {
   # init reaps exited daemons only every second or so: wait (up to 3 s) so
   # that `ps` right after `down` shows no <defunct> entries.
   for i in $(seq 30); do
-    for p in "${stopped[@]}"; do [ -e "/proc/$p" ] && break; p=""; done
-    [ -z "${p:-}" ] && break
+    left=0
+    for p in "${stopped[@]}"; do [ -e "/proc/$p" ] && left=1; done
+    [ $left -eq 0 ] && break
     sleep 0.1
   done
 }
@@ -249,9 +250,9 @@ down() {
 status() {
   local d p ok=0
   for d in "${daemons[@]}"; do
-    if p=$(pid_of "$d"); then say "$d running (pid $p)"; else say "$d not running"; ok=1; fi
+    if p=$(pid_of "$d"); then echo "$d running (pid $p)"; else echo "$d not running"; ok=1; fi
   done
-  if pid_of slurmctld >/dev/null; then timeout 10 sinfo >&2 || ok=1; fi
+  if pid_of slurmctld >/dev/null; then timeout 10 sinfo || ok=1; fi
   return $ok
 }
 
@@ -259,6 +260,6 @@ case ${1:-} in
 up) up ;;
 down) down ;;
 status) status ;;
-env) if status 2>/dev/null; then print_env; else say "not up; run: $0 up"; exit 1; fi ;;
+env) if status >/dev/null 2>&1; then print_env; else say "not up; run: $0 up"; exit 1; fi ;;
 *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
 esac
