@@ -105,7 +105,8 @@ def check_all_done(out):
 
 
 def args(out, extra=""):
-    return f"--set model=\"{MODEL}\" --out {out} --progress log --log-dir {out}/logs {extra}".strip()
+    # The demo manifest says dp 2; dp 0 = "tasks / tp" fits any task count.
+    return f"--set model=\"{MODEL}\" --set parallel.dp=0 --out {out} --progress log --log-dir {out}/logs {extra}".strip()
 
 
 def expect_completed(st, jid):
