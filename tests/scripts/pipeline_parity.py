@@ -18,7 +18,11 @@ components  `tprun forward --component text_encoder|text_encoder_2|vae_decoder|
             vae_encoder` on the shared/ref component cases (1e-4; T5 at tp 2), and
             `tprun verify --component text_encoder_2 --tp 2`.
 
-usage: pipeline_parity.py TPRUN MPIRUN CASE   (CASE: reference | init_model | components)
+schnell     the init-model folder rewritten as FLUX.1-schnell differs from dev
+            (guidance_embeds false, no guidance embedder, scheduler shift 1.0 without
+            dynamic shifting): diffusers vs `tprun generate` at tp 1 and 2.
+
+usage: pipeline_parity.py TPRUN MPIRUN CASE   (CASE: reference | init_model | components | schnell)
 """
 import json
 import os
@@ -143,10 +147,48 @@ def components(tprun, mpi, tmp):
         raise SystemExit("FAIL: verify did not count the planned AllReduces")
 
 
+def schnell(tprun, mpi, tmp):
+    """A FLUX.1-schnell-style folder (no guidance embedding, static shift 1.0
+    from its scheduler_config.json): an init-model folder rewritten the way
+    schnell differs from dev, then diffusers vs `tprun generate` at tp 1 and 2."""
+    import torch
+    from diffusers import FluxPipeline
+    from safetensors.torch import load_file as load_pt, save_file as save_pt
+
+    torch.set_num_threads(1)
+    folder = os.path.join(tmp, "schnell")
+    run([tprun, "init-model", folder, "--arch", "flux", "--preset", "tiny", "--seed", "3"])
+    cfg_path = os.path.join(folder, "transformer", "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["guidance_embeds"] = False
+    json.dump(cfg, open(cfg_path, "w"), indent=2, sort_keys=True)
+    w_path = os.path.join(folder, "transformer", "diffusion_pytorch_model.safetensors")
+    w = {k: v for k, v in load_pt(w_path).items() if "guidance_embedder" not in k}
+    save_pt(w, w_path, metadata={"format": "pt"})
+    s_path = os.path.join(folder, "scheduler", "scheduler_config.json")
+    sc = json.load(open(s_path))
+    sc.update(shift=1.0, use_dynamic_shifting=False)
+    json.dump(sc, open(s_path, "w"), indent=2, sort_keys=True)
+    pipe = FluxPipeline.from_pretrained(folder, torch_dtype=torch.float32)
+    assert not pipe.transformer.config.guidance_embeds
+    prompt, seed = "a windmill in a tulip field", 21
+    common = dict(prompt=prompt, height=64, width=64, num_inference_steps=2, guidance_scale=0.0,
+                  max_sequence_length=64)
+    lat = pipe(**common, generator=torch.Generator("cpu").manual_seed(seed), output_type="latent").images
+    img = pipe(**common, generator=torch.Generator("cpu").manual_seed(seed), output_type="np").images
+    for np_ in (1, 2):
+        out = os.path.join(tmp, f"schnell_tp{np_}.safetensors")
+        mpirun(mpi, np_, tprun, "generate", "--model", folder, "--prompt", prompt, "--height", "64", "--width", "64",
+               "--steps", "2", "--seed", str(seed), "--max-sequence-length", "64", "--out-tensors", out)
+        got = load_file(out)
+        compare(f"schnell tp {np_} latents", got["latents"], lat.float().numpy())
+        compare(f"schnell tp {np_} image", got["image"], np.asarray(img))
+
+
 def main():
     tprun, mpi, case = sys.argv[1:4]
     with tempfile.TemporaryDirectory() as tmp:
-        {"reference": reference, "init_model": init_model, "components": components}[case](tprun, mpi, tmp)
+        {"reference": reference, "init_model": init_model, "components": components, "schnell": schnell}[case](tprun, mpi, tmp)
     print("OK", case)
 
 
