@@ -94,11 +94,6 @@ Plan read_plan(const RunOptions& o) {
                         true);
     }
   }
-  if (p.manifest.batch_size != 1) {
-    throw ConfigError(fmt::format("{}: output.batch_size: batching requests is not implemented yet; use 1",
-                                  p.manifest.path),
-                      true);
-  }
   return p;
 }
 
@@ -107,20 +102,59 @@ bool is_stale_temp(const fs::path& p) {
   return n.size() > 1 && n[0] == '.' && n.find(".tmp") != std::string::npos;
 }
 
-// LPT: largest cost first onto the least-loaded replica (ties: lowest index;
-// equal costs in id order).
-std::vector<std::vector<const JobRequest*>> assign(const std::vector<const JobRequest*>& todo, int replicas) {
+// A unit of work: one request, or a batch of same-shape requests.
+using Unit = std::vector<const JobRequest*>;
+
+double unit_cost(const Unit& u) {
+  double c = 0;
+  for (const JobRequest* r : u) c += r->cost();
+  return c;
+}
+
+// Batches of up to `batch_size` requests that share a shape (size, steps,
+// guidance, true CFG, max_sequence_length), formed in id order from the
+// requests to run — so a batch's members depend on the manifest and on what
+// is left to run, never on dp, tp or the order of the file. Requests the
+// pipeline refuses (`runnable` false) stay alone and fail fast.
+std::vector<Unit> make_units(const std::vector<const JobRequest*>& todo, int64_t batch_size,
+                             const std::function<bool(const JobRequest&)>& runnable) {
   std::vector<const JobRequest*> order = todo;
-  std::stable_sort(order.begin(), order.end(), [](const JobRequest* a, const JobRequest* b) {
-    if (a->cost() != b->cost()) return a->cost() > b->cost();
-    return a->id < b->id;
+  std::sort(order.begin(), order.end(), [](const JobRequest* a, const JobRequest* b) { return a->id < b->id; });
+  std::vector<Unit> units;
+  std::map<std::string, size_t> open;  // shape key -> index of its unfilled batch
+  for (const JobRequest* r : order) {
+    const auto& g = r->gen;
+    if (batch_size <= 1 || !runnable(*r)) {
+      units.push_back({r});
+      continue;
+    }
+    const bool cfg = g.true_cfg_scale > 1.0 && g.negative_prompt.has_value();
+    const std::string key = fmt::format("{}x{}/{}/{}/{}/{}/{}", g.height, g.width, g.steps, g.guidance,
+                                        g.true_cfg_scale, g.max_sequence_length, cfg);
+    auto it = open.find(key);
+    if (it == open.end() || static_cast<int64_t>(units[it->second].size()) >= batch_size) {
+      open[key] = units.size();
+      units.push_back({r});
+    } else {
+      units[it->second].push_back(r);
+    }
+  }
+  return units;
+}
+
+// LPT: largest cost first onto the least-loaded replica (ties: lowest index;
+// equal costs in order of the first id).
+std::vector<std::vector<Unit>> assign(std::vector<Unit> units, int replicas) {
+  std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
+    if (unit_cost(a) != unit_cost(b)) return unit_cost(a) > unit_cost(b);
+    return a.front()->id < b.front()->id;
   });
   std::vector<double> load(static_cast<size_t>(replicas), 0.0);
-  std::vector<std::vector<const JobRequest*>> out(static_cast<size_t>(replicas));
-  for (const JobRequest* r : order) {
+  std::vector<std::vector<Unit>> out(static_cast<size_t>(replicas));
+  for (auto& u : units) {
     const size_t best = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    load[best] += r->cost();
-    out[best].push_back(r);
+    load[best] += unit_cost(u);
+    out[best].push_back(std::move(u));
   }
   return out;
 }
@@ -282,7 +316,6 @@ int run_job(Session& session, const RunOptions& options) {
   for (const auto& r : plan.requests) by_id[r.id] = &r;
   std::vector<const JobRequest*> todo;
   for (const auto& id : nlohmann::json::parse(todo_json)) todo.push_back(by_id.at(id.get<std::string>()));
-  const auto mine = assign(todo, mesh->dp_size())[static_cast<size_t>(replica)];
   if (rank == 0) {
     spdlog::info("job {}: {} requests, {} already finished, {} to run on {} replica(s) x tp {}", m.path,
                  plan.requests.size(), skipped, todo.size(), mesh->dp_size(), m.tp);
@@ -297,6 +330,17 @@ int run_job(Session& session, const RunOptions& options) {
   auto pipe = pipelines::FluxPipeline::load(m.model, tp, lo);
   spdlog::info("loaded {} in {:.2f} s ({} bytes on this rank)", m.model,
                std::chrono::duration<double>(Clock::now() - tl).count(), pipe.bytes_loaded());
+
+  // Units of work (batches of same-shape requests) and this replica's share.
+  auto runnable = [&](const JobRequest& r) {
+    try {
+      pipe.check_request(to_generation(r.gen));
+      return true;
+    } catch (const RequestError&) {
+      return false;
+    }
+  };
+  const auto mine = assign(make_units(todo, m.batch_size, runnable), mesh->dp_size())[static_cast<size_t>(replica)];
 
   // The HDF5 store of this run (collective): a dataset per request that can run.
   std::unique_ptr<Hdf5Store> store;
@@ -368,51 +412,72 @@ int run_job(Session& session, const RunOptions& options) {
   bool interrupted = false;
   double compute_s = 0;
   const auto loop_start = Clock::now();
-  for (const JobRequest* req : mine) {
+  for (const Unit& unit : mine) {
     at::Tensor stop = at::full({1}, stop_requested() ? 1 : 0, at::TensorOptions().dtype(at::kInt));
     if (mesh->tp_size() > 1) mesh->tp().all_reduce(stop, {dist::ReduceOp::Max});
     if (stop.item<int>() != 0) {
       interrupted = true;
       break;
     }
-    ResultRecord rec;
-    rec.id = req->id;
-    rec.seed = req->gen.seed;
-    rec.height = req->gen.height;
-    rec.width = req->gen.width;
-    rec.steps = req->gen.steps;
-    rec.replica = replica;
+    std::vector<ResultRecord> recs(unit.size());
+    std::vector<pipelines::GenerationRequest> gens;
+    for (size_t k = 0; k < unit.size(); ++k) {
+      const JobRequest& req = *unit[k];
+      ResultRecord& rec = recs[k];
+      rec.id = req.id;
+      rec.seed = req.gen.seed;
+      rec.height = req.gen.height;
+      rec.width = req.gen.width;
+      rec.steps = req.gen.steps;
+      rec.replica = replica;
+      gens.push_back(to_generation(req.gen));
+    }
     const auto t0 = Clock::now();
     try {
-      auto res = pipe.generate(to_generation(req->gen), [&](int64_t, int64_t, double) { drain(); });
-      rec.encode_s = res.times.encode_s;
-      rec.denoise_s = res.times.denoise_s();
-      if (leader) {
-        const auto td = Clock::now();
-        if (m.png) {
-          rec.path = "images/" + req->id + ".png";
-          pipelines::write_png((out_dir / rec.path).string(), res.rgb.data(), static_cast<int>(res.width),
-                               static_cast<int>(res.height), png_text(*req, m));
+      auto results = pipe.generate_batch(gens, [&](int64_t, int64_t, double) { drain(); });
+      for (size_t k = 0; k < unit.size(); ++k) {
+        const JobRequest& req = *unit[k];
+        const auto& res = results[k];
+        ResultRecord& rec = recs[k];
+        rec.encode_s = res.times.encode_s;
+        rec.denoise_s = res.times.denoise_s();
+        if (!res.error.empty()) {
+          rec.status = "failed";
+          rec.error = res.error;
+          continue;
         }
-        if (store) {
-          store->write(req->id, res.rgb, *res.latents);
-          if (!m.png) {
-            rec.path = fs::relative(store->path(), out_dir).string() + ":" + (m.hdf5 ? "/images/" : "/latents/") + req->id;
+        if (leader) {
+          const auto td = Clock::now();
+          if (m.png) {
+            rec.path = "images/" + req.id + ".png";
+            pipelines::write_png((out_dir / rec.path).string(), res.rgb.data(), static_cast<int>(res.width),
+                                 static_cast<int>(res.height), png_text(req, m));
           }
+          if (store) {
+            store->write(req.id, res.rgb, *res.latents);
+            if (!m.png) {
+              rec.path =
+                  fs::relative(store->path(), out_dir).string() + ":" + (m.hdf5 ? "/images/" : "/latents/") + req.id;
+            }
+          }
+          rec.decode_s = res.times.decode_s + std::chrono::duration<double>(Clock::now() - td).count();
         }
-        rec.decode_s = res.times.decode_s + std::chrono::duration<double>(Clock::now() - td).count();
+        rec.status = "done";
       }
-      rec.status = "done";
     } catch (const RequestError& e) {
-      rec.status = "failed";
-      rec.error = e.what();
+      for (auto& rec : recs) {
+        rec.status = "failed";
+        rec.error = e.what();
+      }
     }
     compute_s += std::chrono::duration<double>(Clock::now() - t0).count();
     if (leader) {
-      if (rank == 0) {
-        write_record(rec);
-      } else {
-        send(rec.to_json().dump(), kTagRecord);
+      for (const auto& rec : recs) {
+        if (rank == 0) {
+          write_record(rec);
+        } else {
+          send(rec.to_json().dump(), kTagRecord);
+        }
       }
     }
     drain();

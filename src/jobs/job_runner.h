@@ -11,11 +11,16 @@
 //     files of a killed run are removed; the log is rewritten without the ids
 //     that run again (no id is ever recorded `done` twice). The list of
 //     requests to run is broadcast.
-//  4. Scheduling: static, by cost. Each request's cost is known up front
-//     (pixels x steps x forwards per step); longest-processing-time-first
-//     assignment to the least-loaded replica, ties by id. Every rank computes
-//     the same assignment with no messages, no coordinator to wait on, and a
-//     makespan within 4/3 of optimal for these independent jobs.
+//  4. Scheduling: static, by cost. With output.batch_size > 1, requests of one
+//     shape (size, steps, guidance, true CFG, max_sequence_length) are first
+//     grouped in id order into batches of up to batch_size, which the replica
+//     denoises together (FluxPipeline::generate_batch); a batch's members so
+//     depend on the manifest and what is left to run, never on dp, tp or order.
+//     Each unit's cost is known up front (pixels x steps x forwards per step);
+//     longest-processing-time-first assignment to the least-loaded replica,
+//     ties by id. Every rank computes the same assignment with no messages, no
+//     coordinator to wait on, and a makespan within 4/3 of optimal for these
+//     independent jobs.
 //  5. Each replica runs its requests in order; all TP ranks of a replica run
 //     the same request. A RequestError (bad size, prompt, NaN latents) is
 //     recorded `failed` and the batch goes on. The replica's TP rank 0 writes

@@ -13,7 +13,7 @@
 //   [defaults]  height = 1024, width = 1024, steps = 28, guidance = 3.5,
 //               true_cfg_scale = 1.0, negative_prompt = "", max_sequence_length = 512, seed = 0
 //   [output]    dir = "out", formats = ["png"] (png | hdf5 | latents: jobs/hdf5_store.h), batch_size = 1
-//               (batching is not implemented: values above 1 are refused by the job runner)
+//               (same-shape requests denoised together, see job_runner.h)
 //
 // CLI overrides (`--set defaults.steps=4`, `--out DIR`) are applied to the
 // parsed document before validation; their errors name the override.

@@ -246,50 +246,83 @@ models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t
 }
 
 GenerationResult FluxPipeline::generate(const GenerationRequest& r, const StepCallback& on_step) const {
-  check_request(r);
+  auto results = generate_batch({r}, on_step);
+  if (!results[0].error.empty()) throw RequestError(results[0].error, true);
+  return std::move(results[0]);
+}
+
+std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<GenerationRequest>& rs,
+                                                           const StepCallback& on_step) const {
+  if (rs.empty()) return {};
+  for (const auto& r : rs) check_request(r);
+  const GenerationRequest& r = rs.front();
+  for (const auto& o : rs) {
+    if (o.height != r.height || o.width != r.width || o.steps != r.steps || o.guidance != r.guidance ||
+        o.true_cfg_scale != r.true_cfg_scale || o.max_sequence_length != r.max_sequence_length ||
+        do_true_cfg(o) != do_true_cfg(r)) {
+      throw Error(Error::Kind::Internal, "generate_batch: the requests of a batch must share size, steps, guidance, "
+                                         "true CFG and max_sequence_length");
+    }
+  }
   const Impl& m = *impl_;
   const auto& cfg = m.transformer->config();
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(m.device);
-  GenerationResult res;
-  res.height = r.height;
-  res.width = r.width;
+  const int64_t batch = static_cast<int64_t>(rs.size());
+  std::vector<GenerationResult> res(rs.size());
+  StageTimes times;
 
-  // 1. Prompt embeddings.
+  // 1. Prompt embeddings, one prompt at a time (as alone), then stacked.
   auto t0 = Clock::now();
-  auto given_or = [&](const std::string& name) { return r.given.at(name).to(m.device, m.dtype); };
-  at::Tensor prompt_embeds, pooled;
-  if (r.given.count("prompt_embeds")) {
-    prompt_embeds = given_or("prompt_embeds");
-    pooled = given_or("pooled_prompt_embeds");
-  } else {
-    auto e = encode_prompt(r.prompt, r.max_sequence_length);
-    prompt_embeds = e.at("prompt_embeds");
-    pooled = e.at("pooled_prompt_embeds");
-  }
   const bool cfg_on = do_true_cfg(r);
-  at::Tensor neg_embeds, neg_pooled;
-  if (cfg_on) {
-    if (r.given.count("negative_prompt_embeds")) {
-      neg_embeds = given_or("negative_prompt_embeds");
-      neg_pooled = given_or("negative_pooled_prompt_embeds");
+  std::vector<at::Tensor> pe, pp, ne, np;
+  for (const auto& q : rs) {
+    auto given_or = [&](const std::string& name) { return q.given.at(name).to(m.device, m.dtype); };
+    if (q.given.count("prompt_embeds")) {
+      pe.push_back(given_or("prompt_embeds"));
+      pp.push_back(given_or("pooled_prompt_embeds"));
     } else {
-      auto e = encode_prompt(r.negative_prompt.value_or(""), r.max_sequence_length);
-      neg_embeds = e.at("prompt_embeds");
-      neg_pooled = e.at("pooled_prompt_embeds");
+      auto e = encode_prompt(q.prompt, q.max_sequence_length);
+      pe.push_back(e.at("prompt_embeds"));
+      pp.push_back(e.at("pooled_prompt_embeds"));
+    }
+    if (cfg_on) {
+      if (q.given.count("negative_prompt_embeds")) {
+        ne.push_back(given_or("negative_prompt_embeds"));
+        np.push_back(given_or("negative_pooled_prompt_embeds"));
+      } else {
+        auto e = encode_prompt(q.negative_prompt.value_or(""), q.max_sequence_length);
+        ne.push_back(e.at("prompt_embeds"));
+        np.push_back(e.at("pooled_prompt_embeds"));
+      }
     }
   }
-  res.times.encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto stack = [](const std::vector<at::Tensor>& v, const char* what) {
+    for (const auto& t : v) {
+      if (t.sizes() != v.front().sizes()) {
+        throw RequestError(fmt::format("the {} of a batch differ in shape", what), true);
+      }
+    }
+    return v.size() == 1 ? v.front() : at::cat(v, 0);
+  };
+  at::Tensor prompt_embeds = stack(pe, "prompt_embeds"), pooled = stack(pp, "pooled_prompt_embeds");
+  at::Tensor neg_embeds, neg_pooled;
+  if (cfg_on) {
+    neg_embeds = stack(ne, "negative_prompt_embeds");
+    neg_pooled = stack(np, "negative_pooled_prompt_embeds");
+  }
+  times.encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
-  // 2. Latents, ids, schedule, guidance.
-  at::Tensor latents = r.given.count("latents")
-                           ? given_or("latents")
-                           : prepare_latents(r.seed, 1, cfg.in_channels / 4, r.height, r.width, m.dtype, m.device,
-                                             m.vae_scale_factor);
+  // 2. Latents (each from its own seed), ids, schedule, guidance.
+  std::vector<at::Tensor> lv;
+  for (const auto& q : rs) {
+    lv.push_back(q.given.count("latents") ? q.given.at("latents").to(m.device, m.dtype)
+                                          : prepare_latents(q.seed, 1, cfg.in_channels / 4, q.height, q.width,
+                                                            m.dtype, m.device, m.vae_scale_factor));
+  }
+  at::Tensor latents = stack(lv, "latents");
   const int64_t lh = latent_side(r.height, m.vae_scale_factor), lw = latent_side(r.width, m.vae_scale_factor);
   at::Tensor img_ids = latent_image_ids(lh / 2, lw / 2, m.dtype, m.device);
   at::Tensor txt_ids = at::zeros({prompt_embeds.size(1), 3}, at::TensorOptions().dtype(m.dtype).device(m.device));
-  at::Tensor neg_txt_ids;
-  if (cfg_on) neg_txt_ids = at::zeros({neg_embeds.size(1), 3}, txt_ids.options());
   FlowMatchEulerDiscreteScheduler scheduler(m.scheduler);
   std::optional<double> mu;
   if (m.scheduler.use_dynamic_shifting) mu = scheduler.mu_for(latents.size(1));
@@ -299,20 +332,20 @@ GenerationResult FluxPipeline::generate(const GenerationRequest& r, const StepCa
   in["pooled_projections"] = pooled;
   in["img_ids"] = img_ids;
   in["txt_ids"] = txt_ids;
-  if (cfg.guidance) in["guidance"] = at::full({1}, r.guidance, fopts);
+  if (cfg.guidance) in["guidance"] = at::full({batch}, r.guidance, fopts);
   models::TensorMap neg_in;
   if (cfg_on) {
     neg_in = in;
     neg_in["encoder_hidden_states"] = neg_embeds;
     neg_in["pooled_projections"] = neg_pooled;
-    neg_in["txt_ids"] = neg_txt_ids;
+    neg_in["txt_ids"] = at::zeros({neg_embeds.size(1), 3}, txt_ids.options());
   }
 
   // 3. Denoising.
   const auto& timesteps = scheduler.timesteps();
   for (int64_t i = 0; i < r.steps; ++i) {
     const auto ts = Clock::now();
-    at::Tensor t = at::full({1}, timesteps[static_cast<size_t>(i)], fopts).to(latents.scalar_type()) / 1000;
+    at::Tensor t = at::full({batch}, timesteps[static_cast<size_t>(i)], fopts).to(latents.scalar_type()) / 1000;
     in["hidden_states"] = latents;
     in["timestep"] = t;
     at::Tensor noise = m.transformer->forward(in);
@@ -324,29 +357,42 @@ GenerationResult FluxPipeline::generate(const GenerationRequest& r, const StepCa
     }
     latents = scheduler.step(noise, i, latents);
     const double secs = std::chrono::duration<double>(Clock::now() - ts).count();
-    res.times.step_s.push_back(secs);
+    times.step_s.push_back(secs);
     if (on_step) on_step(i, r.steps, secs);
   }
-  if (!at::isfinite(latents).all().item<bool>()) {
-    throw RequestError(fmt::format("the latents hold NaN or Inf after {} steps (dtype {}); try fp32 or bf16",
-                                   r.steps, m.dtype_name),
-                       true);
-  }
-  res.latents = std::make_shared<at::Tensor>(latents);
 
-  // 4. Decode (the rank that holds the VAE).
-  if (m.vae) {
-    const auto td = Clock::now();
-    at::Tensor z = unpack_latents(latents, r.height, r.width, m.vae_scale_factor);
+  // 4. Per image: the NaN check, then decode (on the rank that holds the VAE).
+  const auto td = Clock::now();
+  for (int64_t b = 0; b < batch; ++b) {
+    GenerationResult& out = res[static_cast<size_t>(b)];
+    out.height = r.height;
+    out.width = r.width;
+    at::Tensor lat = batch == 1 ? latents : latents.slice(0, b, b + 1).contiguous();
+    if (!at::isfinite(lat).all().item<bool>()) {
+      out.error = fmt::format("the latents hold NaN or Inf after {} steps (dtype {}); try fp32 or bf16", r.steps,
+                              m.dtype_name);
+      continue;
+    }
+    out.latents = std::make_shared<at::Tensor>(lat);
+    if (!m.vae) continue;
+    at::Tensor z = unpack_latents(lat, r.height, r.width, m.vae_scale_factor);
     z = z / m.scaling_factor + m.shift_factor;
     // The VAE computes in fp32 when force_upcast lifts a 16-bit dtype.
     z = z.to(checkpoint::parse_compute_dtype(m.vae->compute_dtype(), "vae dtype"));
     at::Tensor x = m.vae->decode(z);
     at::Tensor image = (x.to(at::kFloat) / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 1}).contiguous().cpu();
     at::Tensor bytes = (image * 255).round().to(at::kByte).contiguous();
-    res.rgb.assign(bytes.data_ptr<uint8_t>(), bytes.data_ptr<uint8_t>() + bytes.numel());
-    res.image = std::make_shared<at::Tensor>(image);
-    res.times.decode_s = std::chrono::duration<double>(Clock::now() - td).count();
+    out.rgb.assign(bytes.data_ptr<uint8_t>(), bytes.data_ptr<uint8_t>() + bytes.numel());
+    out.image = std::make_shared<at::Tensor>(image);
+  }
+  if (m.vae) times.decode_s = std::chrono::duration<double>(Clock::now() - td).count();
+  // Each image is charged an equal share of the batch's stage times.
+  const double share = 1.0 / static_cast<double>(batch);
+  for (auto& out : res) {
+    out.times.encode_s = times.encode_s * share;
+    out.times.decode_s = times.decode_s * share;
+    for (double s : times.step_s) out.times.step_s.push_back(s * share);
+    out.batch_size = batch;
   }
   return res;
 }

@@ -80,7 +80,9 @@ struct GenerationResult {
   std::shared_ptr<at::Tensor> image;    // [1, H, W, 3] float32 in [0, 1] on the CPU; null where not decoded
   std::vector<uint8_t> rgb;             // H * W * 3 bytes, round(image * 255); empty where not decoded
   int64_t height = 0, width = 0;
-  StageTimes times;
+  StageTimes times;       // this image's share of its batch's stage times
+  int64_t batch_size = 1;  // images generated together with this one
+  std::string error;       // generate_batch: why this image failed (NaN/Inf latents); "" = ok
   bool decoded() const { return !rgb.empty(); }
 };
 
@@ -111,6 +113,16 @@ class FluxPipeline {
   // Runs one request (check_request first). A NaN or Inf in the final latents
   // is a RequestError (raised on every rank of the group alike).
   GenerationResult generate(const GenerationRequest& request, const StepCallback& on_step = {}) const;
+
+  // Several requests of one shape (size, steps, guidance, true CFG, max
+  // sequence length) as one batch through the transformer: each prompt is
+  // encoded and each noise drawn alone, the denoising runs on the stacked
+  // latents, each image is checked and decoded alone. An image whose latents
+  // hold NaN/Inf gets `error` set; the others are unaffected. RequestError
+  // (check_request) for a bad request; internal error for mixed shapes.
+  // Results equal generate()'s to float rounding (GEMMs see a larger batch).
+  std::vector<GenerationResult> generate_batch(const std::vector<GenerationRequest>& requests,
+                                               const StepCallback& on_step = {}) const;
 
   // The prompt embeddings as FluxPipeline.encode_prompt returns them:
   // {"prompt_embeds" [1, S, joint], "pooled_prompt_embeds" [1, pooled]}.
