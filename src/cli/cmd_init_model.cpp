@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "cli/command.h"
-#include "models/pipeline_presets.h"
+#include "pipelines/pipeline_presets.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/rank_env.h"
@@ -35,14 +35,14 @@ Command init_model_command() {
     auto env = rank_env_from_variables(process_env());
     init_logging({env ? env->rank : 0, env ? env->world : 1, "", ""});
     const std::string dir = vm["dir"].as<std::string>(), arch = vm["arch"].as<std::string>();
-    models::InitModelSummary s;
-    models::FluxPreset preset;
+    pipelines::InitModelSummary s;
+    pipelines::FluxPreset preset;
     const auto start = std::chrono::steady_clock::now();
     try {
       if (arch != "flux") throw ConfigError(fmt::format("--arch '{}' is not known; the one architecture is flux", arch));
-      preset = models::flux_preset(vm["preset"].as<std::string>());
+      preset = pipelines::flux_preset(vm["preset"].as<std::string>());
       if (env && env->rank != 0) return 0;  // one writer; the others have nothing to do
-      s = models::write_flux_pipeline(dir, preset, vm["seed"].as<uint64_t>(), vm["force"].as<bool>());
+      s = pipelines::write_flux_pipeline(dir, preset, vm["seed"].as<uint64_t>(), vm["force"].as<bool>());
     } catch (const Error& e) {
       rethrow_on_all_ranks(e);
     }

@@ -20,7 +20,7 @@
 #include "checkpoint/safetensors_header.h"
 #include "models/init_weights.h"
 #include "models/model_table.h"
-#include "models/pipeline_presets.h"
+#include "pipelines/pipeline_presets.h"
 #include "pipelines/bpe_trainer.h"
 #include "pipelines/clip_text_clean.h"
 #include "pipelines/clip_tokenizer.h"
@@ -234,10 +234,10 @@ TEST(TokenizerFiles, Base64AndProtobufField) {
 // ---- presets and random weights ---------------------------------------------------
 
 TEST(FluxPresets, ConfigsFitTogether) {
-  for (const auto& name : models::flux_preset_names()) {
+  for (const auto& name : pipelines::flux_preset_names()) {
     SCOPED_TRACE(name);
-    const auto p = models::flux_preset(name);
-    const auto c = models::flux_pipeline_configs(p, 1500, 600);
+    const auto p = pipelines::flux_preset(name);
+    const auto c = pipelines::flux_pipeline_configs(p, 1500, 600);
     EXPECT_EQ(c.transformer["in_channels"], 4 * c.vae["latent_channels"].get<int64_t>());
     EXPECT_EQ(c.transformer["pooled_projection_dim"], c.text_encoder["hidden_size"]);
     EXPECT_EQ(c.transformer["joint_attention_dim"], c.text_encoder_2["d_model"]);
@@ -249,15 +249,15 @@ TEST(FluxPresets, ConfigsFitTogether) {
     EXPECT_EQ(c.text_encoder["architectures"], json::array({"CLIPTextModel"}));
     EXPECT_EQ(c.scheduler["use_dynamic_shifting"], true);
   }
-  EXPECT_EQ(models::flux_preset("small").num_attention_heads * models::flux_preset("small").attention_head_dim, 256);
-  EXPECT_THROW(models::flux_preset("huge"), ConfigError);
+  EXPECT_EQ(pipelines::flux_preset("small").num_attention_heads * pipelines::flux_preset("small").attention_head_dim, 256);
+  EXPECT_THROW(pipelines::flux_preset("huge"), ConfigError);
 }
 
 TEST(FluxPresets, MismatchesAreConfigErrors) {
-  auto c = models::flux_pipeline_configs(models::flux_preset("tiny"), 1500, 600);
-  auto expect_error = [&](const models::FluxPipelineConfigs& bad, const std::string& field) {
+  auto c = pipelines::flux_pipeline_configs(pipelines::flux_preset("tiny"), 1500, 600);
+  auto expect_error = [&](const pipelines::FluxPipelineConfigs& bad, const std::string& field) {
     try {
-      models::check_flux_pipeline_configs(bad, 1500, 600);
+      pipelines::check_flux_pipeline_configs(bad, 1500, 600);
       ADD_FAILURE() << "no error for " << field;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
@@ -346,7 +346,7 @@ TEST(InitWeights, SeededNormalsWithTheRightMoments) {
 TEST(InitModel, TinyFolderIsCompleteAndLoadable) {
   TempDir tmp;
   const fs::path dir = tmp.path() / "flux-tiny";
-  const auto summary = models::write_flux_pipeline(dir.string(), models::flux_preset("tiny"), 0, false);
+  const auto summary = pipelines::write_flux_pipeline(dir.string(), pipelines::flux_preset("tiny"), 0, false);
   EXPECT_GT(summary.tensors, 0);
   // Nothing left next to it.
   EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()), 1);
@@ -395,8 +395,8 @@ TEST(InitModel, TinyFolderIsCompleteAndLoadable) {
 
   // Same seed, same bytes; another seed, other weights.
   const fs::path again = tmp.path() / "again", other = tmp.path() / "other";
-  models::write_flux_pipeline(again.string(), models::flux_preset("tiny"), 0, false);
-  models::write_flux_pipeline(other.string(), models::flux_preset("tiny"), 1, false);
+  pipelines::write_flux_pipeline(again.string(), pipelines::flux_preset("tiny"), 0, false);
+  pipelines::write_flux_pipeline(other.string(), pipelines::flux_preset("tiny"), 1, false);
   for (const char* f : {"transformer/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.safetensors",
                         "text_encoder/model.safetensors", "text_encoder_2/model.safetensors",
                         "tokenizer/vocab.json", "tokenizer_2/spiece.model", "tokenizer_2/tokenizer.json"}) {
@@ -412,7 +412,7 @@ TEST(InitModel, RefusesNonEmptyFolderUnlessForced) {
   fs::create_directories(dir);
   std::ofstream(dir / "keep.txt") << "mine";
   try {
-    models::write_flux_pipeline(dir.string(), models::flux_preset("tiny"), 0, false);
+    pipelines::write_flux_pipeline(dir.string(), pipelines::flux_preset("tiny"), 0, false);
     ADD_FAILURE() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(dir.string()), std::string::npos) << e.what();
@@ -423,14 +423,14 @@ TEST(InitModel, RefusesNonEmptyFolderUnlessForced) {
 
   // A file is never replaced.
   std::ofstream(tmp.path() / "file") << "x";
-  EXPECT_THROW(models::write_flux_pipeline((tmp.path() / "file").string(), models::flux_preset("tiny"), 0, true),
+  EXPECT_THROW(pipelines::write_flux_pipeline((tmp.path() / "file").string(), pipelines::flux_preset("tiny"), 0, true),
                ConfigError);
 
   // An empty folder is fine; --force replaces a full one.
   fs::create_directories(tmp.path() / "empty");
-  models::write_flux_pipeline((tmp.path() / "empty").string(), models::flux_preset("tiny"), 0, false);
+  pipelines::write_flux_pipeline((tmp.path() / "empty").string(), pipelines::flux_preset("tiny"), 0, false);
   EXPECT_TRUE(fs::is_regular_file(tmp.path() / "empty" / "model_index.json"));
-  models::write_flux_pipeline(dir.string() + "/", models::flux_preset("tiny"), 0, true);
+  pipelines::write_flux_pipeline(dir.string() + "/", pipelines::flux_preset("tiny"), 0, true);
   EXPECT_FALSE(fs::exists(dir / "keep.txt"));
   EXPECT_TRUE(fs::is_regular_file(dir / "model_index.json"));
   EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()), 3);  // taken, file, empty

@@ -1,4 +1,4 @@
-#include "models/pipeline_presets.h"
+#include "pipelines/pipeline_presets.h"
 
 #include <unistd.h>
 
@@ -15,7 +15,11 @@
 #include "pipelines/tokenizer_files.h"
 #include "runtime/error.h"
 
-namespace tprun::models {
+namespace tprun::pipelines {
+
+using models::component_seed;
+using models::model_table_for;
+using models::write_random_weights;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -317,4 +321,4 @@ InitModelSummary write_flux_pipeline(const std::string& dir_arg, const FluxPrese
   return summary;
 }
 
-}  // namespace tprun::models
+}  // namespace tprun::pipelines

@@ -17,7 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-namespace tprun::models {
+namespace tprun::pipelines {
+
 
 struct FluxPreset {
   std::string name;
@@ -69,4 +70,4 @@ struct InitModelSummary {
 // always refused. The same preset and seed give the same bytes anywhere.
 InitModelSummary write_flux_pipeline(const std::string& dir, const FluxPreset& preset, uint64_t seed, bool force);
 
-}  // namespace tprun::models
+}  // namespace tprun::pipelines
