@@ -30,7 +30,7 @@ std::string general_help() {
       << " - tensor-parallel batch generation with diffusion transformers\n\n"
          "Usage: mpirun -np N tprun <command> [options]   (or srun tprun ..., or one process)\n\n"
          "Commands:\n";
-  for (const auto& c : all_commands()) out << fmt::format("  {:<12} {}\n", c.name, c.summary);
+  for (const auto& c : all_commands()) out << fmt::format("  {:<14} {}\n", c.name, c.summary);
   out << "\nRun 'tprun <command> --help' for a command's options.\n";
   return out.str();
 }
