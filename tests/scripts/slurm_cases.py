@@ -14,6 +14,7 @@ than the node has would pend forever.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +48,13 @@ def slurm_env():
         fail(f"tools/slurm-local.sh env printed {out!r}")
     env = dict(os.environ, SLURM_CONF=m.group(1), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return env
+
+
+def fresh(case_dir):
+    """A case starts from an empty folder (no results of an earlier run to resume)."""
+    shutil.rmtree(case_dir, ignore_errors=True)
+    os.makedirs(case_dir)
+    return case_dir
 
 
 def submit(env, case_dir, script, *sbatch_args, **variables):
@@ -118,14 +126,14 @@ def up():
     sh(["bash", os.path.join(ROOT, "tools", "slurm-local.sh"), "up"], timeout=300)
     env = slurm_env()
     print(sh(["sinfo"], env=env), flush=True)
-    if not os.path.exists(os.path.join(MODEL, "model_index.json")):
-        os.makedirs(WORK, exist_ok=True)
-        sh([TPRUN, "init-model", MODEL, "--arch", "flux", "--preset", "tiny"])
+    shutil.rmtree(WORK, ignore_errors=True)  # nothing of an earlier run (this tprun writes the model)
+    os.makedirs(WORK)
+    sh([TPRUN, "init-model", MODEL, "--arch", "flux", "--preset", "tiny"])
 
 
 def srun_n(n):
     env = slurm_env()
-    d = os.path.join(WORK, f"srun_{n}")
+    d = fresh(os.path.join(WORK, f"srun_{n}"))
     out = os.path.join(d, "out")
     jid = submit(env, d, "single-node.sbatch", f"--ntasks-per-node={n}", TPRUN_ARGS=args(out))
     expect_completed(wait(env, jid), jid)
@@ -134,7 +142,7 @@ def srun_n(n):
 
 def mpirun_inside():
     env = slurm_env()
-    d = os.path.join(WORK, "mpirun")
+    d = fresh(os.path.join(WORK, "mpirun"))
     out = os.path.join(d, "out")
     jid = submit(env, d, "single-node.sbatch", "--ntasks-per-node=2", TPRUN_ARGS=args(out), LAUNCHER="mpirun")
     expect_completed(wait(env, jid), jid)
@@ -146,7 +154,7 @@ def mpirun_inside():
 
 def multi_node():
     env = slurm_env()
-    d = os.path.join(WORK, "multi_node")
+    d = fresh(os.path.join(WORK, "multi_node"))
     out = os.path.join(d, "out")
     jid = submit(env, d, "multi-node.sbatch", "--nodes=1", "--ntasks-per-node=4", TPRUN_ARGS=args(out), TP="2")
     expect_completed(wait(env, jid), jid)
@@ -161,7 +169,7 @@ def multi_node():
 
 def array():
     env = slurm_env()
-    d = os.path.join(WORK, "array")
+    d = fresh(os.path.join(WORK, "array"))
     out = os.path.join(d, "out")
     jid = submit(env, d, "array.sbatch", "--array=0-2", "--ntasks=2", TPRUN_ARGS=args(out))
     st = wait(env, jid)
@@ -177,7 +185,7 @@ def array():
 
 def requeue():
     env = slurm_env()
-    d = os.path.join(WORK, "requeue")
+    d = fresh(os.path.join(WORK, "requeue"))
     out = os.path.join(d, "out")
     jid = submit(env, d, "single-node.sbatch", "--ntasks-per-node=2",
                  TPRUN_ARGS=args(out, "--set defaults.steps=150"))
@@ -208,7 +216,7 @@ def requeue():
 
 def killed_rank():
     env = slurm_env()
-    d = os.path.join(WORK, "killed_rank")
+    d = fresh(os.path.join(WORK, "killed_rank"))
     out = os.path.join(d, "out")
     jid = submit(env, d, "single-node.sbatch", "--ntasks-per-node=2", "--no-requeue",
                  TPRUN_ARGS=args(out, "--set defaults.steps=150"))
