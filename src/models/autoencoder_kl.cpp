@@ -161,7 +161,7 @@ AutoencoderKL AutoencoderKL::load(checkpoint::WeightSource& source, const nlohma
   needed.tensors.clear();
   for (const auto& t : table->tensors)
     if (wanted(t.name)) needed.tensors.push_back(t);
-  validate_flux_plan(needed, source, 1);  // generic: names and shapes, before any weight byte is read
+  validate_tp_plan(needed, source, 1);  // generic: names and shapes, before any weight byte is read
 
   checkpoint::LoadOptions lopts;
   lopts.mode = options.mode;

@@ -22,7 +22,7 @@
 #include <fmt/format.h>
 
 #include "checkpoint/weight_source.h"
-#include "models/flux_transformer.h"  // validate_flux_plan (generic over ModelTable)
+#include "models/flux_transformer.h"  // validate_tp_plan (generic over ModelTable)
 #include "parallel/parallel_linear.h"
 #include "runtime/error.h"
 
@@ -120,7 +120,7 @@ ClipTextModel ClipTextModel::load(checkpoint::WeightSource& source, const nlohma
   ClipTextModel m;
   m.config_ = ClipTextConfig::from_json(config, config_path);
   const ModelTable table = clip_text_table(m.config_);
-  validate_flux_plan(table, source, 1);  // every tensor present, shapes match; reads headers only
+  validate_tp_plan(table, source, 1);  // every tensor present, shapes match; reads headers only
 
   checkpoint::LoadOptions lopts;
   lopts.mode = options.mode;

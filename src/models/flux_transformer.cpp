@@ -52,43 +52,6 @@ FluxConfig FluxConfig::from_json(const nlohmann::json& c, const std::string& pat
   return f;
 }
 
-void validate_flux_plan(const ModelTable& table, const checkpoint::WeightSource& source, int tp) {
-  if (tp < 1) throw ConfigError(fmt::format("tp must be at least 1, got {}", tp), true);
-  if (table.num_attention_heads > 0 && table.num_attention_heads % tp != 0) {
-    throw ConfigError(fmt::format("tp {} does not divide num_attention_heads {} of {}; choose a tp that divides {}", tp,
-                                  table.num_attention_heads, source.path(), table.num_attention_heads),
-                      true);
-  }
-  for (const auto& spec : table.tensors) {
-    if (!source.contains(spec.name)) {
-      if (spec.optional) continue;
-      throw CheckpointError(fmt::format("tensor '{}' is missing from {}", spec.name, source.path()), true);
-    }
-    const auto stored = source.describe(spec.name);
-    if (stored.shape != spec.shape) {
-      throw CheckpointError(fmt::format("tensor '{}' has wrong shape; expected {}, got {} (in {})", spec.name,
-                                        checkpoint::shape_string(spec.shape), checkpoint::shape_string(stored.shape),
-                                        source.path()),
-                            true);
-    }
-    auto need = [&](int64_t size, const char* what) {
-      if (size % tp != 0) {
-        throw ConfigError(fmt::format("tensor '{}': {} {} does not divide by tp {}", spec.name, what, size, tp), true);
-      }
-    };
-    switch (spec.style) {
-      case ShardStyle::Replicated: break;
-      case ShardStyle::Colwise: need(spec.shape[0], "output dim"); break;
-      case ShardStyle::Rowwise:
-      case ShardStyle::RowwiseSplitInput: need(spec.shape.at(1), "input dim"); break;
-      case ShardStyle::PackedColwise:
-      case ShardStyle::PackedRowwise:
-        for (int64_t b : spec.blocks) need(b, "packed block");
-        break;
-    }
-  }
-}
-
 namespace {
 
 struct Builder {
@@ -130,7 +93,7 @@ FluxTransformer FluxTransformer::load(checkpoint::WeightSource& source, const nl
   if (!table || table->cls != "FluxTransformer2DModel") {
     throw CheckpointError(fmt::format("{}: not a FluxTransformer2DModel config", config_path));
   }
-  validate_flux_plan(*table, source, tp.size);
+  validate_tp_plan(*table, source, tp.size);
   parallel::check_tp_context(tp);
 
   checkpoint::LoadOptions lopts;

@@ -60,12 +60,6 @@ struct FluxLoadOptions {
   bool shard_modulation = false;  // AdaLN modulation linears rowwise_split_input
 };
 
-// Validation of the plan against the checkpoint, before any weight byte is
-// read: tp divides num_attention_heads (ConfigError naming both), every
-// tensor of the table exists with the table's shape (CheckpointError naming
-// the tensor and both shapes), every split dim and packed block divides by tp
-// (ConfigError naming tensor, size and tp). Reads only headers.
-void validate_flux_plan(const ModelTable& table, const checkpoint::WeightSource& source, int tp_size);
 
 // Inputs by diffusers' forward argument names: hidden_states [B, S_img, C],
 // encoder_hidden_states [B, S_txt, joint_dim], pooled_projections [B, pooled],

@@ -1,5 +1,8 @@
 #include "models/model_table.h"
 
+#include "checkpoint/safetensors_header.h"
+#include "checkpoint/weight_source.h"
+
 #include <algorithm>
 #include <map>
 
@@ -142,6 +145,43 @@ int64_t config_int(const nlohmann::json& config, const std::string& field, const
   auto v = config_int_or_null(config, field, config_path);
   if (!v) throw CheckpointError(fmt::format("{}: required field '{}' is missing", config_path, field));
   return *v;
+}
+
+void validate_tp_plan(const ModelTable& table, const checkpoint::WeightSource& source, int tp) {
+  if (tp < 1) throw ConfigError(fmt::format("tp must be at least 1, got {}", tp), true);
+  if (table.num_attention_heads > 0 && table.num_attention_heads % tp != 0) {
+    throw ConfigError(fmt::format("tp {} does not divide num_attention_heads {} of {}; choose a tp that divides {}", tp,
+                                  table.num_attention_heads, source.path(), table.num_attention_heads),
+                      true);
+  }
+  for (const auto& spec : table.tensors) {
+    if (!source.contains(spec.name)) {
+      if (spec.optional) continue;
+      throw CheckpointError(fmt::format("tensor '{}' is missing from {}", spec.name, source.path()), true);
+    }
+    const auto stored = source.describe(spec.name);
+    if (stored.shape != spec.shape) {
+      throw CheckpointError(fmt::format("tensor '{}' has wrong shape; expected {}, got {} (in {})", spec.name,
+                                        checkpoint::shape_string(spec.shape), checkpoint::shape_string(stored.shape),
+                                        source.path()),
+                            true);
+    }
+    auto need = [&](int64_t size, const char* what) {
+      if (size % tp != 0) {
+        throw ConfigError(fmt::format("tensor '{}': {} {} does not divide by tp {}", spec.name, what, size, tp), true);
+      }
+    };
+    switch (spec.style) {
+      case checkpoint::ShardStyle::Replicated: break;
+      case checkpoint::ShardStyle::Colwise: need(spec.shape[0], "output dim"); break;
+      case checkpoint::ShardStyle::Rowwise:
+      case checkpoint::ShardStyle::RowwiseSplitInput: need(spec.shape.at(1), "input dim"); break;
+      case checkpoint::ShardStyle::PackedColwise:
+      case checkpoint::ShardStyle::PackedRowwise:
+        for (int64_t b : spec.blocks) need(b, "packed block");
+        break;
+    }
+  }
 }
 
 }  // namespace tprun::models

@@ -14,6 +14,10 @@
 
 #include "checkpoint/slice_plan.h"
 
+namespace tprun::checkpoint {
+class WeightSource;
+}
+
 namespace tprun::models {
 
 struct TensorSpec {
@@ -73,6 +77,13 @@ std::optional<ModelTable> model_table_for(const nlohmann::json& config, const st
 using TableBuilder =
     std::function<ModelTable(const nlohmann::json& config, const std::string& config_path, const TableOptions&)>;
 bool register_model_table(const std::string& cls, TableBuilder builder);
+
+// Validation of a model table (and its plan) against the checkpoint, before any weight byte is
+// read: tp divides num_attention_heads (ConfigError naming both), every
+// tensor of the table exists with the table's shape (CheckpointError naming
+// the tensor and both shapes), every split dim and packed block divides by tp
+// (ConfigError naming tensor, size and tp). Reads only headers.
+void validate_tp_plan(const ModelTable& table, const checkpoint::WeightSource& source, int tp_size);
 
 // Reads an integer field of config.json; CheckpointError naming file and field.
 int64_t config_int(const nlohmann::json& config, const std::string& field, const std::string& config_path);

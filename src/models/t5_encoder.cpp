@@ -24,7 +24,7 @@
 #include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
 #include "dist/communicator.h"
-#include "models/flux_transformer.h"  // validate_flux_plan (generic over ModelTable)
+#include "models/flux_transformer.h"  // validate_tp_plan (generic over ModelTable)
 #include "parallel/parallel_linear.h"
 #include "runtime/error.h"
 
@@ -116,7 +116,7 @@ T5Encoder T5Encoder::load(checkpoint::WeightSource& source, const nlohmann::json
   m.tp_ = tp;
   const ModelTable table = t5_encoder_table(m.config_);
   // Before any weight byte: tp divides num_heads, shapes, split dims.
-  validate_flux_plan(table, source, tp.size);
+  validate_tp_plan(table, source, tp.size);
   parallel::check_tp_context(tp);
 
   checkpoint::LoadOptions lopts;

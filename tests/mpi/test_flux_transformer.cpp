@@ -151,7 +151,7 @@ TEST(FluxPlan, TpThatDoesNotDivideHeadsFailsBeforeAnyByteIsRead) {
   auto table = model_table_for(cfg, cfg_path);
   ASSERT_TRUE(table);
   try {
-    validate_flux_plan(*table, source, 3);
+    validate_tp_plan(*table, source, 3);
     FAIL() << "tp 3 with 4 heads must be refused";
   } catch (const ConfigError& e) {
     const std::string msg = e.what();

@@ -21,26 +21,14 @@
 #include "checkpoint/shard_loader.h"
 #include "checkpoint/slice_plan.h"
 #include "runtime/error.h"
+#include "test_data.h"
 
 namespace tprun::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / fmt::format("tprun-hdf5-test-{}-{}", ::getpid(), counter_++);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using test::TempDir;
 
 struct Spec {
   std::string name;

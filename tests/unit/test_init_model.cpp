@@ -27,6 +27,7 @@
 #include "pipelines/t5_tokenizer.h"
 #include "pipelines/tokenizer_files.h"
 #include "runtime/error.h"
+#include "test_data.h"
 
 namespace tprun {
 namespace {
@@ -34,22 +35,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> n{0};
-    path_ = fs::temp_directory_path() / ("tprun-init-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test::TempDir;
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -30,19 +30,7 @@ namespace fs = std::filesystem;
 
 using test::source_dir;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / fmt::format("tprun-test-{}-{}", ::getpid(), counter_++);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using test::TempDir;
 
 // Reassembles per-rank slices of a (packed) style along its split dim.
 at::Tensor reassemble(const std::vector<at::Tensor>& parts, const ShardRequest& r,

@@ -49,22 +49,7 @@ const T5Tokenizer& t5() {
 
 std::vector<int64_t> ints(const nlohmann::json& j) { return j.get<std::vector<int64_t>>(); }
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> n{0};
-    path_ = fs::temp_directory_path() / ("tprun-tok-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test::TempDir;
 
 // Copies a reference tokenizer folder into `dst` (writable copies).
 void copy_folder(const fs::path& src, const fs::path& dst) {

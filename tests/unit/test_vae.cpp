@@ -260,19 +260,7 @@ TEST_F(Vae, HalfPrecision) {
   EXPECT_LE(d, 0.05 * scale);
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / fmt::format("tprun-vae-test-{}-{}", ::getpid(), counter_++);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-  static inline int counter_ = 0;
-};
+using test::TempDir;
 
 // A checkpoint whose every tensor has the table's shape except `bad`, which
 // gets `bad_shape` (empty: left out).
