@@ -163,10 +163,7 @@ AutoencoderKL AutoencoderKL::load(checkpoint::WeightSource& source, const nlohma
     if (wanted(t.name)) needed.tensors.push_back(t);
   validate_tp_plan(needed, source, 1);  // generic: names and shapes, before any weight byte is read
 
-  checkpoint::LoadOptions lopts;
-  lopts.mode = options.mode;
-  lopts.device = options.device;
-  lopts.dtype = m.compute_dtype_;
+  checkpoint::LoadOptions lopts{options.mode, options.device, m.compute_dtype_};
   checkpoint::ShardLoader loader(source, lopts);
   const uint64_t before = loader.bytes_read();
   auto w = std::make_shared<VaeWeights>();

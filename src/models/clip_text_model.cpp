@@ -122,10 +122,7 @@ ClipTextModel ClipTextModel::load(checkpoint::WeightSource& source, const nlohma
   const ModelTable table = clip_text_table(m.config_);
   validate_tp_plan(table, source, 1);  // every tensor present, shapes match; reads headers only
 
-  checkpoint::LoadOptions lopts;
-  lopts.mode = options.mode;
-  lopts.device = options.device;
-  lopts.dtype = options.dtype;
+  checkpoint::LoadOptions lopts{options.mode, options.device, options.dtype};
   checkpoint::ShardLoader loader(source, lopts);
   const uint64_t before = loader.bytes_read();
   auto tensor = [&](const std::string& name) { return loader.load(name, table.request(name, 0, 1)); };

@@ -96,10 +96,7 @@ FluxTransformer FluxTransformer::load(checkpoint::WeightSource& source, const nl
   validate_tp_plan(*table, source, tp.size);
   parallel::check_tp_context(tp);
 
-  checkpoint::LoadOptions lopts;
-  lopts.mode = options.mode;
-  lopts.device = options.device;
-  lopts.dtype = options.dtype;
+  checkpoint::LoadOptions lopts{options.mode, options.device, options.dtype};
   checkpoint::ShardLoader loader(source, lopts);
   const uint64_t before = loader.bytes_read();
   Builder b{loader, *table, tp};

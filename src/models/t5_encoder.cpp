@@ -119,10 +119,7 @@ T5Encoder T5Encoder::load(checkpoint::WeightSource& source, const nlohmann::json
   validate_tp_plan(table, source, tp.size);
   parallel::check_tp_context(tp);
 
-  checkpoint::LoadOptions lopts;
-  lopts.mode = options.mode;
-  lopts.device = options.device;
-  lopts.dtype = options.dtype;
+  checkpoint::LoadOptions lopts{options.mode, options.device, options.dtype};
   checkpoint::ShardLoader loader(source, lopts);
   // transformers keeps DenseReluDense.wo in fp32 when the model is fp16.
   const bool wo_fp32 =
