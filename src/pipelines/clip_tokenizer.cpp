@@ -178,20 +178,13 @@ std::vector<std::string> ClipTokenizer::bpe(const std::string& token) const {
 }
 
 std::vector<int64_t> ClipTokenizer::content_ids(const std::string& prompt) const {
-  decode_utf8(prompt, "prompt");  // RequestError on invalid UTF-8
-  std::vector<int64_t> ids;
-  for (const auto& piece : split_on_added_tokens(prompt, added_)) {
-    if (piece.token) {
-      ids.push_back(piece.token->id);
-      continue;
-    }
-    for (const auto& word : clip_pretokenize(clip_basic_clean(piece.text))) {
+  return content_ids_with(prompt, added_, [this](const std::string& text, std::vector<int64_t>& ids) {
+    for (const auto& word : clip_pretokenize(clip_basic_clean(text))) {
       std::string mapped;
       for (unsigned char c : word) mapped += byte_symbol_[c];
       for (const auto& symbol : bpe(mapped)) ids.push_back(token_id(symbol));
     }
-  }
-  return ids;
+  });
 }
 
 TokenizerOutput ClipTokenizer::encode(const std::string& prompt, int64_t max_length) const {

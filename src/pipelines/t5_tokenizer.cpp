@@ -75,22 +75,15 @@ int64_t T5Tokenizer::token_id(const std::string& token) const {
 }
 
 std::vector<int64_t> T5Tokenizer::content_ids(const std::string& prompt) const {
-  decode_utf8(prompt, "prompt");  // RequestError on invalid UTF-8
-  std::vector<int64_t> ids;
-  for (const auto& piece : split_on_added_tokens(prompt, added_)) {
-    if (piece.token) {
-      ids.push_back(piece.token->id);
-      continue;
-    }
+  return content_ids_with(prompt, added_, [this](const std::string& text, std::vector<int64_t>& ids) {
     // legacy=True: the whole piece through SentencePiece (its normaliser drops
     // leading/trailing whitespace, collapses runs and adds the "▁" prefix).
     std::vector<std::string> sp_pieces;
-    const auto status = sp_->Encode(piece.text, &sp_pieces);
+    const auto status = sp_->Encode(text, &sp_pieces);
     if (!status.ok())
       throw RequestError(fmt::format("T5 tokenizer {}: SentencePiece failed: {}", dir_, status.ToString()));
     for (const auto& p : sp_pieces) ids.push_back(token_id(p));
-  }
-  return ids;
+  });
 }
 
 TokenizerOutput T5Tokenizer::encode(const std::string& prompt, int64_t max_length) const {

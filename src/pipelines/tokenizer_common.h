@@ -56,6 +56,14 @@ std::string special_token_string(const nlohmann::json& special_map, const std::s
 // whitespace next to them; empty pieces are dropped.
 std::vector<TextPiece> split_on_added_tokens(const std::string& text, const std::vector<AddedToken>& tokens);
 
+// The content ids of a prompt (no special tokens added, no truncation):
+// RequestError for invalid UTF-8; the added tokens found in the prompt become
+// their ids, every other piece goes through `encode_text(text, ids)`, which
+// appends that piece's ids.
+template <typename EncodeText>
+std::vector<int64_t> content_ids_with(const std::string& prompt, const std::vector<AddedToken>& added,
+                                      EncodeText encode_text);
+
 // UTF-8 <-> code points. decode_utf8 throws RequestError naming `what` on
 // invalid UTF-8.
 std::u32string decode_utf8(const std::string& text, const std::string& what);
@@ -82,6 +90,21 @@ TokenizerOutput finish_encoding(std::vector<int64_t> content, int64_t max_length
     out.attention_mask.push_back(0);
   }
   return out;
+}
+
+template <typename EncodeText>
+std::vector<int64_t> content_ids_with(const std::string& prompt, const std::vector<AddedToken>& added,
+                                      EncodeText encode_text) {
+  decode_utf8(prompt, "prompt");
+  std::vector<int64_t> ids;
+  for (const auto& piece : split_on_added_tokens(prompt, added)) {
+    if (piece.token) {
+      ids.push_back(piece.token->id);
+    } else {
+      encode_text(piece.text, ids);
+    }
+  }
+  return ids;
 }
 
 }  // namespace tprun::pipelines
