@@ -16,6 +16,7 @@
 #include "pipelines/flux_pipeline.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
+#include "rank_checks.h"
 #include "test_data.h"
 
 namespace tprun::pipelines {
@@ -72,10 +73,7 @@ TEST_F(FluxPipelineTp, MatchesDiffusersEndToEnd) {
   EXPECT_EQ(res.times.step_s.size(), 3u);
   const double dl = max_abs(*res.latents, expected_.at("latents"));
   EXPECT_LE(dl, 1e-3) << "final latents, tp " << tp_.size;
-  // Every rank of the group holds the same latents.
-  at::Tensor mine = res.latents->to(at::kFloat).contiguous(), root = mine.clone();
-  comm_->broadcast(root, {0});
-  EXPECT_TRUE(at::equal(mine, root)) << "rank " << tp_.rank;
+  test::expect_identical_across_ranks(*comm_, *res.latents);  // the group holds the same latents
   if (tp_.rank == 0) {
     ASSERT_TRUE(res.decoded());
     const double di = max_abs(*res.image, expected_.at("image"));

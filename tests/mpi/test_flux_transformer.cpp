@@ -23,6 +23,7 @@
 #include "dist/mpi_communicator.h"
 #include "models/flux_transformer.h"
 #include "runtime/error.h"
+#include "rank_checks.h"
 #include "test_data.h"
 
 namespace tprun::models {
@@ -68,13 +69,7 @@ class FluxTp : public ::testing::Test {
     inputs_ = checkpoint::read_tensor_file((data_dir() / "inputs.safetensors").string());
     expected_ = checkpoint::read_tensor_file((data_dir() / "expected.safetensors").string()).at("sample");
   }
-  // Every rank's output equals rank 0's, bit for bit.
-  void expect_identical_across_ranks(const at::Tensor& out) {
-    at::Tensor mine = out.to(at::kFloat).contiguous();
-    at::Tensor root = mine.clone();
-    comm_->broadcast(root, {0});
-    EXPECT_TRUE(at::equal(mine, root)) << "rank " << tp_.rank << " differs from rank 0";
-  }
+  void expect_identical_across_ranks(const at::Tensor& out) { test::expect_identical_across_ranks(*comm_, out); }
   std::unique_ptr<dist::MpiCommunicator> comm_;
   parallel::TpContext tp_;
   TensorMap inputs_;

@@ -20,6 +20,7 @@
 #include "dist/mpi_communicator.h"
 #include "models/flux_transformer.h"  // read_component_config
 #include "models/t5_encoder.h"
+#include "rank_checks.h"
 #include "test_data.h"
 
 namespace tprun::models {
@@ -47,12 +48,7 @@ class T5Tp : public ::testing::Test {
     ids_ = checkpoint::read_tensor_file((data_dir() / "inputs.safetensors").string()).at("input_ids");
     expected_ = checkpoint::read_tensor_file((data_dir() / "expected.safetensors").string()).at("last_hidden_state");
   }
-  void expect_identical_across_ranks(const at::Tensor& out) {
-    at::Tensor mine = out.to(at::kFloat).contiguous();
-    at::Tensor root = mine.clone();
-    comm_->broadcast(root, {0});
-    EXPECT_TRUE(at::equal(mine, root)) << "rank " << tp_.rank << " differs from rank 0";
-  }
+  void expect_identical_across_ranks(const at::Tensor& out) { test::expect_identical_across_ranks(*comm_, out); }
   std::unique_ptr<dist::MpiCommunicator> comm_;
   parallel::TpContext tp_;
   at::Tensor ids_, expected_;
