@@ -331,29 +331,27 @@ int run_job(Session& session, const RunOptions& options) {
   spdlog::info("loaded {} in {:.2f} s ({} bytes on this rank)", m.model,
                std::chrono::duration<double>(Clock::now() - tl).count(), pipe.bytes_loaded());
 
-  // Units of work (batches of same-shape requests) and this replica's share.
-  auto runnable = [&](const JobRequest& r) {
+  // Which requests the pipeline accepts (checked once: batching and the store use it).
+  std::set<const JobRequest*> runnable;
+  for (const JobRequest* r : todo) {
     try {
-      pipe.check_request(to_generation(r.gen));
-      return true;
+      pipe.check_request(to_generation(r->gen));
+      runnable.insert(r);
     } catch (const RequestError&) {
-      return false;
+      // fails without output; recorded `failed` by its replica
     }
-  };
-  const auto mine = assign(make_units(todo, m.batch_size, runnable), mesh->dp_size())[static_cast<size_t>(replica)];
+  }
+  // Units of work (batches of same-shape requests) and this replica's share.
+  const auto mine = assign(make_units(todo, m.batch_size, [&](const JobRequest& r) { return runnable.count(&r) != 0; }),
+                           mesh->dp_size())[static_cast<size_t>(replica)];
 
   // The HDF5 store of this run (collective): a dataset per request that can run.
   std::unique_ptr<Hdf5Store> store;
   if (m.hdf5 || m.latents) {
     std::vector<StoreRequest> srs;
     for (const JobRequest* r : todo) {
-      auto g = to_generation(r->gen);
-      try {
-        pipe.check_request(g);
-      } catch (const RequestError&) {
-        continue;  // fails without output; recorded `failed` by its replica
-      }
-      const auto shape = pipe.packed_latent_shape(g.height, g.width);
+      if (!runnable.count(r)) continue;
+      const auto shape = pipe.packed_latent_shape(r->gen.height, r->gen.width);
       srs.push_back({r, shape[0], shape[1]});
     }
     store = std::make_unique<Hdf5Store>(out_dir.string(), m.hdf5, m.latents, srs, MPI_COMM_WORLD);
