@@ -2,7 +2,6 @@
 #include <filesystem>
 #include <iostream>
 #include <set>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -13,8 +12,6 @@
 #include "cli/command.h"
 #include "models/model_table.h"
 #include "runtime/error.h"
-#include "runtime/logging.h"
-#include "runtime/rank_env.h"
 #include "runtime/size_string.h"
 
 namespace tprun::cli {
