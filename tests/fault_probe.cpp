@@ -14,8 +14,8 @@
 #include <ATen/ops/ones.h>
 
 #include "dist/device_mesh.h"
-#include "runtime/guard.h"
-#include "runtime/session.h"
+#include "dist/guard.h"
+#include "dist/session.h"
 
 int main(int argc, char** argv) {
   if (argc < 3) return 2;

@@ -265,7 +265,7 @@ void Hdf5Source::read_slice(const std::string& name, const ShardRequest& r, cons
   const Info& info = info_of(name);
   const std::string where = fmt::format("{}: tensor '{}'", path_, name);
   const StoredTensor whole_tensor{name, info.dtype, info.shape};
-  const bool whole = r.style == ShardStyle::Replicated || r.tp_size == 1;
+  const bool whole = r.whole();
   // Geometry first (no I/O): the hyperslabs of this rank's slice.
   const int bits = dtype_bits(info.dtype);
   const size_t nd = info.shape.size();
@@ -277,26 +277,13 @@ void Hdf5Source::read_slice(const std::string& name, const ShardRequest& r, cons
       throw CheckpointError(fmt::format("{}: the slice plan ({} bytes) does not match the stored tensor ({} {})",
                                         where, plan.bytes, dtype_name(info.dtype), shape_string(info.shape)));
   } else {
-    const bool col = r.style == ShardStyle::Colwise || r.style == ShardStyle::PackedColwise;
-    dim = col ? 0 : 1;
-    if (bits % 8 != 0 || nd <= dim || r.tp_size < 1 || r.tp_rank < 0 || r.tp_rank >= r.tp_size)
-      throw CheckpointError(fmt::format("{}: cannot be split {} (tp rank {} of {})", where, shard_style_name(r.style),
-                                        r.tp_rank, r.tp_size));
-    std::vector<int64_t> blocks{info.shape[dim]};
-    if (r.style == ShardStyle::PackedColwise || r.style == ShardStyle::PackedRowwise)
-      blocks = packed_block_sizes(name, info.shape[dim], r);
-    int64_t start = 0;
-    slice_shape[dim] = 0;
-    for (size_t b = 0; b < blocks.size(); ++b) {
-      if (blocks[b] % r.tp_size != 0) {
-        throw CheckpointError(fmt::format("tensor '{}': dim {}{} (size {}) is not divisible by tp {}", name, dim,
-                                          blocks.size() > 1 ? fmt::format(" block {}", b) : "", blocks[b], r.tp_size));
-      }
-      const int64_t part = blocks[b] / r.tp_size;
-      spans.emplace_back(start + r.tp_rank * part, part);
-      slice_shape[dim] += part;
-      start += blocks[b];
-    }
+    if (bits % 8 != 0)
+      throw CheckpointError(fmt::format("{}: a {}-bit dtype cannot be split {} (tp rank {} of {})", where, bits,
+                                        shard_style_name(r.style), r.tp_rank, r.tp_size));
+    const SplitSpans split = split_spans(name, info.shape, r);
+    dim = static_cast<size_t>(split.dim);
+    spans = split.spans;
+    slice_shape = split.slice_shape;
     const StoredTensor slice{name, info.dtype, slice_shape};
     if (plan.shape != slice_shape || plan.bytes != slice.nbytes())
       throw CheckpointError(fmt::format("{}: the slice plan {} ({} bytes) does not match the {} slice {}", where,

@@ -32,10 +32,11 @@ ShardLoader::ShardLoader(WeightSource& source, LoadOptions options)
   (void)c10::Device(options_.device);  // validates the device string
 }
 
-at::Tensor ShardLoader::finish(at::Tensor host, const std::string& name, const StoredTensor& info) {
+at::Tensor ShardLoader::finish(at::Tensor host, const std::string& name, const StoredTensor& info,
+                               const std::string& dtype) {
   c10::ScalarType target = host.scalar_type();
-  if (!options_.dtype.empty()) {
-    target = parse_compute_dtype(options_.dtype, "dtype");
+  if (!dtype.empty()) {
+    target = parse_compute_dtype(dtype, "dtype");
     if (host.scalar_type() != target && !dtype_is_computable(info.dtype)) {
       throw CheckpointError(fmt::format("{}: tensor '{}' is stored as {}, which tprun cannot compute with "
                                         "(expected a floating-point weight: F32, BF16, F16 or F8)",
@@ -58,6 +59,11 @@ at::Tensor ShardLoader::read_whole(const std::string& name) {
 }
 
 at::Tensor ShardLoader::load(const std::string& name, const ShardRequest& request) {
+  return load_as(name, request, options_.dtype);
+}
+
+at::Tensor ShardLoader::load_as(const std::string& name, const ShardRequest& request, const std::string& dtype) {
+  if (!dtype.empty()) parse_compute_dtype(dtype, "dtype");
   const StoredTensor info = source_.describe(name);
   if (options_.mode == LoadMode::LoadThenShard) {
     at::Tensor full = read_whole(name);
@@ -65,7 +71,7 @@ at::Tensor ShardLoader::load(const std::string& name, const ShardRequest& reques
     // A view would keep the whole tensor alive: copy the slice out.
     if (part.data_ptr() != full.data_ptr() || part.numel() != full.numel())
       part = part.clone(at::MemoryFormat::Contiguous);
-    return finish(part, name, info);
+    return finish(part, name, info, dtype);
   }
   const SlicePlan plan = plan_slice(name, info.shape, dtype_bits(info.dtype), request);
   const c10::Device device(options_.device);
@@ -73,7 +79,7 @@ at::Tensor ShardLoader::load(const std::string& name, const ShardRequest& reques
   if (device.is_cuda()) opts = opts.pinned_memory(true);
   at::Tensor host = at::empty(plan.shape, opts);
   source_.read_slice(name, request, plan, host.data_ptr());
-  return finish(host, name, info);
+  return finish(host, name, info, dtype);
 }
 
 std::vector<at::Tensor> ShardLoader::load_many(const std::vector<LoadItem>& items) {
@@ -93,7 +99,7 @@ std::vector<at::Tensor> ShardLoader::load_many(const std::vector<LoadItem>& item
       at::Tensor part = slice_in_memory(full[i], items[i].name, items[i].request);
       if (part.data_ptr() != full[i].data_ptr() || part.numel() != full[i].numel())
         part = part.clone(at::MemoryFormat::Contiguous);
-      out[i] = finish(part, items[i].name, info);
+      out[i] = finish(part, items[i].name, info, options_.dtype);
       full[i] = at::Tensor();
     }
     return out;
@@ -104,29 +110,11 @@ std::vector<at::Tensor> ShardLoader::load_many(const std::vector<LoadItem>& item
 }
 
 at::Tensor slice_in_memory(const at::Tensor& full, const std::string& name, const ShardRequest& r) {
-  if (r.style == ShardStyle::Replicated || r.tp_size == 1) return full;
-  std::vector<int64_t> shape(full.sizes().begin(), full.sizes().end());
-  const bool col = r.style == ShardStyle::Colwise || r.style == ShardStyle::PackedColwise;
-  const int64_t dim = col ? 0 : 1;
-  if (full.dim() <= dim) {
-    throw CheckpointError(fmt::format("tensor '{}' of {} dims cannot be split {}", name, full.dim(),
-                                      shard_style_name(r.style)));
-  }
-  std::vector<int64_t> blocks{full.size(dim)};
-  if (r.style == ShardStyle::PackedColwise || r.style == ShardStyle::PackedRowwise)
-    blocks = packed_block_sizes(name, full.size(dim), r);
+  if (r.whole()) return full;
+  const SplitSpans split = split_spans(name, full.sizes().vec(), r);
   std::vector<at::Tensor> parts;
-  int64_t start = 0;
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    if (blocks[b] % r.tp_size != 0) {
-      throw CheckpointError(fmt::format("tensor '{}': dim {}{} (size {}) is not divisible by tp {}", name, dim,
-                                        blocks.size() > 1 ? fmt::format(" block {}", b) : "", blocks[b], r.tp_size));
-    }
-    const int64_t part = blocks[b] / r.tp_size;
-    parts.push_back(full.narrow(dim, start + r.tp_rank * part, part));
-    start += blocks[b];
-  }
-  return parts.size() == 1 ? parts[0] : at::cat(parts, dim);
+  for (const auto& [start, count] : split.spans) parts.push_back(full.narrow(split.dim, start, count));
+  return parts.size() == 1 ? parts[0] : at::cat(parts, split.dim);
 }
 
 }  // namespace tprun::checkpoint

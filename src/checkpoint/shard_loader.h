@@ -41,6 +41,9 @@ class ShardLoader {
 
   // One tensor. CheckpointError naming the tensor, dtype or dimension.
   at::Tensor load(const std::string& name, const ShardRequest& request);
+  // The same in another compute dtype than the loader's ("fp32" for a layer
+  // kept in full precision); "" keeps the stored dtype.
+  at::Tensor load_as(const std::string& name, const ShardRequest& request, const std::string& dtype);
   // Many tensors, read file by file (one open at a time); results in item order.
   std::vector<at::Tensor> load_many(const std::vector<LoadItem>& items);
 
@@ -49,7 +52,7 @@ class ShardLoader {
 
  private:
   at::Tensor read_whole(const std::string& name);
-  at::Tensor finish(at::Tensor host, const std::string& name, const StoredTensor& info);
+  at::Tensor finish(at::Tensor host, const std::string& name, const StoredTensor& info, const std::string& dtype);
   WeightSource& source_;
   LoadOptions options_;
 };

@@ -16,23 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/shard_style.h"
+
 namespace tprun::checkpoint {
-
-// RowwiseSplitInput stores like Rowwise (dim 1 split); it differs only in how
-// the layer runs (the replicated input is sliced first).
-enum class ShardStyle { Replicated, Colwise, Rowwise, RowwiseSplitInput, PackedColwise, PackedRowwise };
-
-const char* shard_style_name(ShardStyle style);
-
-struct ShardRequest {
-  ShardStyle style = ShardStyle::Replicated;
-  int tp_rank = 0;
-  int tp_size = 1;
-  // Packed styles: block proportions ([1,1], [1,1,1,3,3]) or, with
-  // blocks_absolute, sizes along the split dim that sum to it.
-  std::vector<int64_t> blocks;
-  bool blocks_absolute = false;
-};
 
 struct ByteRange {
   uint64_t src = 0;  // offset within the stored tensor's bytes
@@ -49,9 +35,5 @@ struct SlicePlan {
 // `elem_bits` is the stored dtype's width (sub-byte types cannot be split).
 SlicePlan plan_slice(const std::string& tensor, const std::vector<int64_t>& shape, int elem_bits,
                      const ShardRequest& request);
-
-// Block sizes along `dim_size` for a packed request (validated).
-std::vector<int64_t> packed_block_sizes(const std::string& tensor, int64_t dim_size,
-                                        const ShardRequest& request);
 
 }  // namespace tprun::checkpoint

@@ -23,7 +23,7 @@
 #include "checkpoint/component_checkpoint.h"
 #include "checkpoint/safetensors_source.h"
 #include "checkpoint/shard_loader.h"
-#include "models/model_table.h"
+#include "models/model_registry.h"
 #include "runtime/error.h"
 #include "runtime/size_string.h"
 
@@ -76,7 +76,7 @@ int run_load_bench(const po::variables_map& vm) {
   const std::string mode = vm["mode"].as<std::string>();
   if (tp < 1 || rank < 0 || rank >= tp) throw ConfigError(fmt::format("--rank {} is not a rank of tp {}", rank, tp), true);
   auto ck = std::make_shared<const checkpoint::ComponentCheckpoint>(checkpoint::ComponentCheckpoint::open(model));
-  models::TableOptions topts;
+  models::ModelOptions topts;
   topts.shard_modulation = vm["shard-modulation"].as<bool>();
   auto table = models::model_table_for(ck->config(), model + "/config.json", topts);
   if (!table) throw ConfigError(fmt::format("{}: no model table for this class; cannot plan slices", model), true);
@@ -84,7 +84,8 @@ int run_load_bench(const po::variables_map& vm) {
   std::vector<checkpoint::LoadItem> items;
   uint64_t slice_bytes = 0, replicated_bytes = 0, planned_full = 0;
   for (const auto& name : ck->tensor_names()) {
-    checkpoint::LoadItem it{name, table->request(name, rank, tp)};
+    // Tensors the model does not know are read whole.
+    checkpoint::LoadItem it{name, table->find(name) ? table->request(name, rank, tp) : checkpoint::ShardRequest{}};
     const auto* e = ck->locate(name).entry;
     const uint64_t b = checkpoint::plan_slice(name, e->shape, checkpoint::dtype_bits(e->dtype), it.request).bytes;
     if (it.request.style == checkpoint::ShardStyle::Replicated) {

@@ -1,19 +1,23 @@
 // `tprun bench step --model DIR --inputs IN.safetensors [--dtype fp32|bf16]
-// [--iters 5] [--warmup 1]` under mpirun: loads the Flux transformer at
-// tp = world (or --tp), runs `warmup` untimed forwards, then times `iters`
+// [--iters 5] [--warmup 1]` under mpirun: loads the transformer (any class the
+// model registry knows) at tp = world (or --tp), runs `warmup` untimed
+// forwards (the first records this rank's matrix products), then times `iters`
 // forwards (world barrier before each, the slowest rank's seconds). Rank 0
 // prints one JSON line:
 //   median_s / min_s          forward seconds
-//   matmul_gflop              analytic FLOPs of the whole forward's matmuls:
+//   matmul_gflop              FLOPs of the whole forward's matmuls, from the
+//                             recorded products (parallel/matmul_trace.h):
 //                             every linear layer (2 M K N) and attention's
-//                             QK^T and PV (2 * 2 * heads * S^2 * head_dim)
+//                             QK^T and PV, split ones counted tp times
 //   rank_matmul_gflop         the same for this rank's slices (heads / tp,
 //                             colwise N / tp, rowwise K / tp; the replicated
 //                             layers in full)
 //   gflops                    matmul_gflop / median_s
 //   bare_median_s             the rank's matmul shapes run back to back with
-//                             at::addmm (linears, with bias) and at::matmul
-//                             (attention), same dtype, slowest rank, median
+//                             at::addmm (linears, with a bias when the model's
+//                             linears have biases, else at::mm: FLUX.2 has
+//                             none) and at::matmul (attention), same dtype,
+//                             slowest rank, median
 //   share_in_matmul           bare_median_s / median_s
 // --out FILE: rank 0 writes the last forward's `sample` (F32).
 #include "cli/bench_step.h"
@@ -27,6 +31,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -34,14 +39,15 @@
 #include "checkpoint/pipeline_folder.h"
 #include "checkpoint/tensor_file.h"
 #include "checkpoint/torch_dtype.h"
-#include "cli/flux_args.h"
+#include "cli/model_args.h"
+#include "parallel/matmul_trace.h"
 #include "cli/session_options.h"
 #include "dist/communicator.h"
 #include "dist/device_mesh.h"
 #include "dist/mesh.h"
 #include "dist/mpi_world.h"
 #include "runtime/error.h"
-#include "runtime/session.h"
+#include "dist/session.h"
 
 namespace tprun::cli {
 namespace po = boost::program_options;
@@ -49,66 +55,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// One matmul of the forward: a linear [M, K] x [K, N] (+ bias), or attention's
-// batched [batch, M, K] x [batch, K, N].
-struct Matmul {
-  int64_t batch, m, k, n;
-  bool linear;
-  double flops() const { return 2.0 * static_cast<double>(batch) * m * k * n; }
-};
-
-// The forward's matmuls for TP size p (p = 1: the whole model). Mirrors
-// FluxTransformer::forward and the model table's plan.
-std::vector<Matmul> forward_matmuls(const models::FluxConfig& c, int64_t b, int64_t img, int64_t txt, int64_t p,
-                                    bool shard_modulation) {
-  const int64_t d = c.inner(), mlp = 4 * d, s = img + txt, hp = c.heads / p;
-  std::vector<Matmul> v;
-  auto lin = [&](int64_t m, int64_t k, int64_t n) { v.push_back({1, m, k, n, true}); };
-  auto attn = [&] {
-    v.push_back({b * hp, s, c.head_dim, s, false});  // Q K^T
-    v.push_back({b * hp, s, s, c.head_dim, false});  // P V
-  };
-  lin(b * img, c.in_channels, d);  // x_embedder
-  lin(b, 256, d);                  // timestep embedder
-  lin(b, d, d);
-  if (c.guidance) {
-    lin(b, 256, d);
-    lin(b, d, d);
-  }
-  lin(b, c.pooled_dim, d);  // pooled text embedder
-  lin(b, d, d);
-  lin(b * txt, c.joint_dim, d);  // context_embedder
-  const int64_t mk = shard_modulation ? d / p : d;
-  for (int64_t i = 0; i < c.layers; ++i) {
-    lin(b, mk, 6 * d);  // norm1, norm1_context
-    lin(b, mk, 6 * d);
-  }
-  for (int64_t i = 0; i < c.single_layers; ++i) lin(b, mk, 3 * d);
-  for (int64_t i = 0; i < c.layers; ++i) {
-    for (int j = 0; j < 3; ++j) lin(b * img, d, d / p);  // to_q/k/v
-    for (int j = 0; j < 3; ++j) lin(b * txt, d, d / p);  // add_q/k/v
-    attn();
-    lin(b * img, d / p, d);    // to_out.0
-    lin(b * txt, d / p, d);    // to_add_out
-    lin(b * img, d, mlp / p);  // ff
-    lin(b * img, mlp / p, d);
-    lin(b * txt, d, mlp / p);  // ff_context
-    lin(b * txt, mlp / p, d);
-  }
-  for (int64_t i = 0; i < c.single_layers; ++i) {
-    for (int j = 0; j < 3; ++j) lin(b * s, d, d / p);  // to_q/k/v
-    lin(b * s, d, mlp / p);                            // proj_mlp
-    attn();
-    lin(b * s, (d + mlp) / p, d);  // proj_out, packed rowwise
-  }
-  lin(b, d, 2 * d);                                          // norm_out
-  lin(b * img, d, c.patch * c.patch * c.out_channels);  // proj_out
-  return v;
-}
-
-double total_flops(const std::vector<Matmul>& v) {
+double total_flops(const std::vector<parallel::MatmulShape>& v, bool whole_model) {
   double f = 0;
-  for (const auto& m : v) f += m.flops();
+  for (const auto& m : v) f += m.flops() * static_cast<double>(whole_model ? m.tp_share : 1);
   return f;
 }
 
@@ -144,7 +93,7 @@ void add_step_bench_options(po::options_description& desc) {
 int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   if (!vm.count("model")) throw ConfigError("bench step needs --model DIR", true);
   if (!vm.count("inputs")) throw ConfigError("bench step needs --inputs IN.safetensors", true);
-  FluxArgs args;
+  ModelArgs args;
   args.model = args.path = vm["model"].as<std::string>();
   args.dtype = vm["dtype"].as<std::string>().empty() ? "fp32" : vm["dtype"].as<std::string>();
   (void)checkpoint::parse_compute_dtype(args.dtype, "--dtype");
@@ -165,33 +114,36 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
 
   auto inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
-  auto model = load_flux(args, tp, session.device().device);
-  const auto& cfg = model.config();
-  for (const char* name : {"hidden_states", "encoder_hidden_states"}) {
-    if (!inputs.count(name) || inputs.at(name).dim() != 3) {
-      throw RequestError(fmt::format("--inputs: '{}' [B, S, C] is required", name), true);
-    }
-  }
-  const int64_t b = inputs.at("hidden_states").size(0), img = inputs.at("hidden_states").size(1),
-                txt = inputs.at("encoder_hidden_states").size(1);
+  auto model = load_component(args, tp, session.device().device);
+  const std::string output = model->primary_output();
 
   at::Tensor sample;
-  for (int i = 0; i < warmup; ++i) sample = model.forward(inputs);
+  std::vector<parallel::MatmulShape> shapes;
+  {
+    parallel::MatmulRecorder recorder;  // the first (warm-up) forward records this rank's products
+    sample = model->forward(inputs).at(output);
+    shapes = recorder.shapes();
+  }
+  for (int i = 1; i < warmup; ++i) sample = model->forward(inputs).at(output);
   std::vector<double> fwd;
-  for (int i = 0; i < iters; ++i) fwd.push_back(timed_max(world, [&] { sample = model.forward(inputs); }));
+  for (int i = 0; i < iters; ++i) fwd.push_back(timed_max(world, [&] { sample = model->forward(inputs).at(output); }));
 
   // Bare baseline: this rank's matmul shapes, distinct operands per layer (as
   // the model's weights are), same dtype, back to back.
-  const auto rank_mm = forward_matmuls(cfg, b, img, txt, tp.size, args.shard_modulation);
   const auto dt = checkpoint::parse_compute_dtype(args.dtype, "--dtype");
   const auto opts = at::TensorOptions().dtype(dt).device(session.device().device);
   struct Operands {
     at::Tensor a, w, bias;
   };
+  // The recorded shapes do not say which linear has a bias; the model's table
+  // does for the model as a whole (FLUX.1: every linear, FLUX.2: none).
+  const bool has_bias = std::any_of(model->table().tensors.begin(), model->table().tensors.end(),
+                                    [](const models::TensorSpec& t) { return t.kind == models::TensorKind::Bias; });
   std::vector<Operands> ops;
-  for (const auto& m : rank_mm) {
+  for (const auto& m : shapes) {
     if (m.linear) {
-      ops.push_back({at::randn({m.m, m.k}, opts), at::randn({m.n, m.k}, opts), at::randn({m.n}, opts)});
+      ops.push_back({at::randn({m.m, m.k}, opts), at::randn({m.n, m.k}, opts),
+                     has_bias ? at::randn({m.n}, opts) : at::Tensor()});
     } else {
       ops.push_back({at::randn({m.batch, m.m, m.k}, opts), at::randn({m.batch, m.k, m.n}, opts), {}});
     }
@@ -199,6 +151,7 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   auto bare_pass = [&] {
     for (const auto& o : ops) {
       if (o.bias.defined()) (void)at::addmm(o.bias, o.a, o.w.t());
+      else if (o.w.dim() == 2) (void)at::mm(o.a, o.w.t());
       else (void)at::matmul(o.a, o.w);
     }
   };
@@ -206,28 +159,24 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   std::vector<double> bare;
   for (int i = 0; i < iters; ++i) bare.push_back(timed_max(world, bare_pass));
 
-  const double flops = total_flops(forward_matmuls(cfg, b, img, txt, 1, false));
-  const double rank_flops = total_flops(rank_mm);
+  const double flops = total_flops(shapes, true), rank_flops = total_flops(shapes, false);
   const double med = median(fwd), bare_med = median(bare);
   if (session.rank() == 0) {
     nlohmann::json j = {{"model", args.path},
+                        {"class", model->table().cls},
                         {"dtype", args.dtype},
                         {"tp", tp.size},
                         {"world", session.world()},
                         {"threads", session.threads()},
-                        {"batch", b},
-                        {"image_tokens", img},
-                        {"text_tokens", txt},
-                        {"layers", cfg.layers},
-                        {"single_layers", cfg.single_layers},
-                        {"heads", cfg.heads},
-                        {"head_dim", cfg.head_dim},
+                        {"inputs", nlohmann::json::object()},
                         {"warmup", warmup},
                         {"iters", iters},
                         {"times_s", fwd},
                         {"median_s", med},
                         {"min_s", *std::min_element(fwd.begin(), fwd.end())},
-                        {"all_reduces_per_forward", model.all_reduces_per_forward()},
+                        {"all_reduces_per_forward", model->all_reduces_per_forward()},
+                        {"matmuls", shapes.size()},
+                        {"bare_linear_bias", has_bias},
                         {"matmul_gflop", flops / 1e9},
                         {"rank_matmul_gflop", rank_flops / 1e9},
                         {"gflops", flops / med / 1e9},
@@ -236,8 +185,9 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
                         {"bare_median_s", bare_med},
                         {"bare_rank_gflops", rank_flops / bare_med / 1e9},
                         {"share_in_matmul", bare_med / med}};
+    for (const auto& [name, t] : inputs) j["inputs"][name] = t.sizes().vec();
     std::cout << j.dump() << std::endl;
-    if (vm.count("out")) checkpoint::write_tensor_file_f32(vm["out"].as<std::string>(), {{"sample", sample}});
+    if (vm.count("out")) checkpoint::write_tensor_file_f32(vm["out"].as<std::string>(), {{output, sample}});
   }
   world.barrier();
   return 0;

@@ -6,7 +6,7 @@
 
 #include "cli/command.h"
 #include "runtime/error.h"
-#include "runtime/guard.h"
+#include "dist/guard.h"
 #include "runtime/logging.h"
 #include "runtime/rank_env.h"
 

@@ -19,7 +19,7 @@
 #include "dist/mpi_communicator.h"
 #include "dist/mpi_world.h"
 #include "runtime/error.h"
-#include "runtime/session.h"
+#include "dist/session.h"
 #include "runtime/size_string.h"
 
 namespace tprun::cli {

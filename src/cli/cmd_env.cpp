@@ -7,7 +7,7 @@
 #include "cli/session_options.h"
 #include "dist/device_mesh.h"
 #include "dist/mpi_world.h"
-#include "runtime/session.h"
+#include "dist/session.h"
 
 namespace tprun::cli {
 

@@ -1,86 +1,69 @@
 // `tprun forward`: one forward of a model component under tensor parallelism,
-// inputs and output as safetensors files (diffusers' argument names).
+// inputs and outputs as safetensors files (diffusers' / transformers' argument
+// and output names). Any component whose class the model registry knows.
 #include <chrono>
 
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "checkpoint/tensor_file.h"
 #include "cli/command.h"
-#include "cli/component_forward.h"
-#include "cli/flux_args.h"
+#include "cli/model_args.h"
 #include "cli/session_options.h"
 #include "dist/communicator.h"
 #include "dist/device_mesh.h"
 #include "dist/mesh.h"
+#include "dist/session.h"
 #include "runtime/error.h"
-#include "runtime/session.h"
 
 namespace tprun::cli {
 
 Command forward_command() {
   Command c;
   c.name = "forward";
-  c.summary = "one forward of a component (transformer under TP, text encoders, VAE): --inputs IN -> --out OUT";
+  c.summary = "one forward of a component (transformers under TP, text encoders, VAE): --inputs IN -> --out OUT";
   c.add_options = [](po::options_description& desc, po::positional_options_description&) {
-    add_flux_options(desc, true);
+    add_model_options(desc, true);
     po::options_description io("Forward");
     io.add_options()
         ("inputs", po::value<std::string>(),
-         "safetensors inputs, by diffusers' argument names: transformer: hidden_states, encoder_hidden_states, "
-         "pooled_projections, timestep, img_ids, txt_ids (+ guidance); text encoders: input_ids (int64 [B, S]); "
-         "vae_decoder: latents (already / scaling_factor + shift_factor); vae_encoder: image in [-1, 1]")
-        ("out", po::value<std::string>(), "safetensors file rank 0 writes (F32; replaced if present): transformer 'sample'; text_encoder "
-         "'last_hidden_state' + 'pooler_output'; text_encoder_2 'last_hidden_state'; vae_decoder 'sample'; "
-         "vae_encoder 'mean' + 'std'")
+         "safetensors inputs, by the model's argument names: Flux transformers: hidden_states, "
+         "encoder_hidden_states, timestep, img_ids, txt_ids (+ pooled_projections for FLUX.1, + guidance "
+         "with guidance_embeds); text encoders: input_ids (int64 [B, S]); vae_decoder: latents (already "
+         "/ scaling_factor + shift_factor); vae_encoder: image in [-1, 1]")
+        ("out", po::value<std::string>(), "safetensors file rank 0 writes (F32; replaced if present) with every "
+         "output: transformers 'sample'; CLIP 'last_hidden_state' + 'pooler_output'; T5 'last_hidden_state'; "
+         "vae_decoder 'sample'; vae_encoder 'mean' + 'std'")
         ("tp", po::value<int>()->default_value(1), "tensor-parallel group size (world = tp x dp)");
     desc.add(io);
     add_session_options(desc);
   };
   c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
     Session session(argc, argv, session_options_from(vm));
-    FluxArgs args = flux_args_from(vm);
+    const ModelArgs args = model_args_from(vm);
     if (!vm.count("inputs")) throw ConfigError("--inputs is required", true);
     if (!vm.count("out")) throw ConfigError("--out is required", true);
-    if (args.component != "transformer" && !is_other_component(args.component)) {
-      throw ConfigError(fmt::format("--component {}: not one of transformer, text_encoder, text_encoder_2, "
-                                    "vae_decoder, vae_encoder",
-                                    args.component),
-                        true);
-    }
     dist::MeshSpec spec;
     spec.tp = vm["tp"].as<int>();
     auto mesh = session.make_mesh(spec);
     parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
 
     auto inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
-    if (is_other_component(args.component)) {
-      const auto t = std::chrono::steady_clock::now();
-      if (tp.comm) tp.comm->reset_stats();
-      auto outputs = run_component(args, inputs, tp, session.device().device);
-      spdlog::info("forward: {} {} tp {} dtype {} in {:.3f} s (load + forward) | {}", args.path, args.component,
-                   tp.size, args.dtype, std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(),
-                   tp.comm ? tp.comm->stats().summary() : std::string("no collectives (tp 1)"));
-      if (session.rank() == 0) {
-        checkpoint::write_tensor_file_f32(vm["out"].as<std::string>(), outputs);
-        spdlog::info("wrote {}", vm["out"].as<std::string>());
-      }
-      mesh->world().barrier();
-      return 0;
-    }
     const auto t0 = std::chrono::steady_clock::now();
-    auto model = load_flux(args, tp, session.device().device);
+    auto model = load_component(args, tp, session.device().device);
     const auto t1 = std::chrono::steady_clock::now();
     if (tp.comm) tp.comm->reset_stats();
-    at::Tensor sample = model.forward(inputs);
+    auto outputs = model->forward(inputs);
     const auto t2 = std::chrono::steady_clock::now();
-    spdlog::info("forward: {} tp {} dtype {} sample {} | load {:.2f} s ({} bytes this rank), forward {:.3f} s | {}",
-                 args.path, tp.size, args.dtype, fmt::join(sample.sizes().vec(), "x"),
-                 std::chrono::duration<double>(t1 - t0).count(), model.bytes_loaded(),
-                 std::chrono::duration<double>(t2 - t1).count(),
+    const at::Tensor& primary = outputs.at(model->primary_output());
+    spdlog::info("forward: {} {} ({}) tp {} dtype {} {} {} | load {:.2f} s ({} bytes this rank), forward {:.3f} s | {}",
+                 args.path, args.component, model->table().cls, tp.size, args.dtype, model->primary_output(),
+                 fmt::join(primary.sizes().vec(), "x"), std::chrono::duration<double>(t1 - t0).count(),
+                 model->bytes_loaded(), std::chrono::duration<double>(t2 - t1).count(),
                  tp.comm ? tp.comm->stats().summary() : std::string("no collectives (tp 1)"));
     if (session.rank() == 0) {
-      checkpoint::write_tensor_file_f32(vm["out"].as<std::string>(), {{"sample", sample}});
+      checkpoint::write_tensor_file_f32(vm["out"].as<std::string>(), outputs);
       spdlog::info("wrote {}", vm["out"].as<std::string>());
     }
     mesh->world().barrier();

@@ -1,4 +1,5 @@
-// `tprun generate`: one text-to-image request through a FLUX.1 pipeline folder,
+// `tprun generate`: one text-to-image request through a pipeline folder (the
+// pipeline model_index.json names, from the pipeline registry),
 // the transformer sharded over the TP group (world = tp), rank 0 writing the
 // PNG (generation parameters in text chunks) and, for parity checks, the final
 // packed latents and the decoded image as safetensors.
@@ -13,10 +14,10 @@
 #include "dist/communicator.h"
 #include "dist/device_mesh.h"
 #include "dist/mesh.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/pipeline.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
-#include "runtime/session.h"
+#include "dist/session.h"
 
 namespace tprun::cli {
 namespace {
@@ -24,19 +25,20 @@ namespace {
 using pipelines::GenerationRequest;
 
 void add_generation_options(po::options_description& desc) {
-  po::options_description g("Generation (FluxPipeline's arguments)");
+  po::options_description g("Generation (the pipeline's arguments; unset ones take the pipeline's defaults, "
+                            "FluxPipeline: 1024 x 1024, 28 steps, guidance 3.5, max sequence length 512)");
   g.add_options()
-      ("prompt", po::value<std::string>(), "the prompt (CLIP and T5 get the same text)")
+      ("prompt", po::value<std::string>(), "the prompt (every text encoder gets the same text)")
       ("negative-prompt", po::value<std::string>(), "negative prompt; used when --true-cfg-scale > 1")
-      ("height", po::value<int64_t>()->default_value(1024), "image height, a multiple of 2 x the VAE scale factor")
-      ("width", po::value<int64_t>()->default_value(1024), "image width, a multiple of 2 x the VAE scale factor")
-      ("steps", po::value<int64_t>()->default_value(28), "denoising steps (FLUX.1-schnell: 1-4)")
-      ("guidance", po::value<double>()->default_value(3.5),
+      ("height", po::value<int64_t>(), "image height, a multiple of 2 x the VAE scale factor")
+      ("width", po::value<int64_t>(), "image width, a multiple of 2 x the VAE scale factor")
+      ("steps", po::value<int64_t>(), "denoising steps (FLUX.1-schnell: 1-4)")
+      ("guidance", po::value<double>(),
        "distilled guidance scale (models with guidance_embeds, FLUX.1-dev); ignored otherwise")
-      ("true-cfg-scale", po::value<double>()->default_value(1.0),
+      ("true-cfg-scale", po::value<double>(),
        "true classifier-free guidance when > 1 and a negative prompt is given (two forwards per step)")
       ("seed", po::value<uint64_t>()->default_value(0), "seed of the initial noise (CPU generator, any device)")
-      ("max-sequence-length", po::value<int64_t>()->default_value(512), "T5 tokens (FluxPipeline's default 512)");
+      ("max-sequence-length", po::value<int64_t>(), "text tokens of the (T5 / LLM) text encoder");
   desc.add(g);
 }
 
@@ -44,13 +46,13 @@ GenerationRequest request_from(const po::variables_map& vm) {
   GenerationRequest r;
   if (vm.count("prompt")) r.prompt = vm["prompt"].as<std::string>();
   if (vm.count("negative-prompt")) r.negative_prompt = vm["negative-prompt"].as<std::string>();
-  r.height = vm["height"].as<int64_t>();
-  r.width = vm["width"].as<int64_t>();
-  r.steps = vm["steps"].as<int64_t>();
-  r.guidance = vm["guidance"].as<double>();
-  r.true_cfg_scale = vm["true-cfg-scale"].as<double>();
+  if (vm.count("height")) r.height = vm["height"].as<int64_t>();
+  if (vm.count("width")) r.width = vm["width"].as<int64_t>();
+  if (vm.count("steps")) r.steps = vm["steps"].as<int64_t>();
+  if (vm.count("guidance")) r.guidance = vm["guidance"].as<double>();
+  if (vm.count("true-cfg-scale")) r.true_cfg_scale = vm["true-cfg-scale"].as<double>();
   r.seed = vm["seed"].as<uint64_t>();
-  r.max_sequence_length = vm["max-sequence-length"].as<int64_t>();
+  if (vm.count("max-sequence-length")) r.max_sequence_length = vm["max-sequence-length"].as<int64_t>();
   return r;
 }
 
@@ -58,8 +60,8 @@ std::vector<std::pair<std::string, std::string>> png_text(const GenerationReques
                                                           const std::string& dtype, int tp) {
   auto t = pipelines::generation_text(r, model, dtype);
   for (auto& [k, v] : t) {
-    if (k == "prompt" && r.given.count("prompt_embeds")) v = "(prompt_embeds given)";
-    if (k == "seed" && r.given.count("latents")) v = "(latents given)";
+    if (k == "prompt" && r.has_given("prompt_embeds")) v = "(prompt_embeds given)";
+    if (k == "seed" && r.has_given("latents")) v = "(latents given)";
   }
   t.emplace_back("tp", std::to_string(tp));
   return t;
@@ -70,15 +72,17 @@ std::vector<std::pair<std::string, std::string>> png_text(const GenerationReques
 Command generate_command() {
   Command c;
   c.name = "generate";
-  c.summary = "one image from a FLUX.1 pipeline folder under TP: --model DIR --prompt TEXT --out x.png";
+  c.summary = "one image from a pipeline folder under TP: --model DIR --prompt TEXT --out x.png";
   c.add_options = [](po::options_description& desc, po::positional_options_description&) {
     po::options_description m("Model");
     m.add_options()
-        ("model", po::value<std::string>(), "diffusers FluxPipeline folder (model_index.json)")
+        ("model", po::value<std::string>(), "diffusers pipeline folder (model_index.json names the pipeline)")
         ("variant", po::value<std::string>()->default_value(""), "weights variant (fp16: *.fp16.safetensors)")
         ("dtype", po::value<std::string>()->default_value("fp32"), "compute dtype: fp32 | bf16 | fp16")
         ("tp", po::value<int>(), "tensor-parallel group size; default and only choice: the world size")
-        ("shard-text-encoder-2", po::bool_switch(), "shard the T5 encoder over the TP group too (its tp plan)")
+        ("shard-text-encoders", po::bool_switch(),
+         "shard the text encoders that have a TP plan over the TP group too (FLUX.1: T5)")
+        ("shard-text-encoder-2", po::bool_switch(), "the same (the name of earlier releases)")
         ("shard-modulation", po::bool_switch(), "also shard the transformer's AdaLN modulation linears");
     desc.add(m);
     add_generation_options(desc);
@@ -95,11 +99,13 @@ Command generate_command() {
   };
   c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
     Session session(argc, argv, session_options_from(vm));
-    if (!vm.count("model")) throw ConfigError("--model is required (a FluxPipeline folder)", true);
+    if (!vm.count("model")) throw ConfigError("--model is required (a pipeline folder)", true);
     if (!vm.count("out") && !vm.count("out-tensors")) throw ConfigError("--out (or --out-tensors) is required", true);
     GenerationRequest req = request_from(vm);
-    if (vm.count("inputs")) req.given = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
-    const bool embeds_given = req.given.count("prompt_embeds") != 0;
+    if (vm.count("inputs")) {
+      req.given = std::make_shared<const models::TensorMap>(checkpoint::read_tensor_file(vm["inputs"].as<std::string>()));
+    }
+    const bool embeds_given = req.has_given("prompt_embeds");
     if (!embeds_given && !vm.count("prompt")) throw ConfigError("--prompt is required (or --inputs with prompt_embeds)", true);
 
     dist::MeshSpec spec;
@@ -113,23 +119,25 @@ Command generate_command() {
     auto mesh = session.make_mesh(spec);
     parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
 
-    pipelines::PipelineLoadOptions opts;
+    pipelines::PipelineOptions opts;
     opts.dtype = vm["dtype"].as<std::string>();
     opts.device = session.device().device;
     opts.variant = vm["variant"].as<std::string>();
-    opts.shard_text_encoder_2 = vm["shard-text-encoder-2"].as<bool>();
+    opts.shard_text_encoders = vm["shard-text-encoders"].as<bool>() || vm["shard-text-encoder-2"].as<bool>();
     opts.shard_modulation = vm["shard-modulation"].as<bool>();
-    opts.text_encoders = !(embeds_given && (req.true_cfg_scale <= 1.0 || req.given.count("negative_prompt_embeds")));
+    opts.text_encoders =
+        !(embeds_given && (req.true_cfg_scale.value_or(1.0) <= 1.0 || req.has_given("negative_prompt_embeds")));
     const std::string model = vm["model"].as<std::string>();
 
     const auto t0 = std::chrono::steady_clock::now();
-    auto pipe = pipelines::FluxPipeline::load(model, tp, opts);
+    auto pipe = pipelines::load_pipeline(model, tp, opts);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    pipe.check_request(req);
-    spdlog::info("loaded {} in {:.2f} s ({} bytes on this rank), tp {}, dtype {}", model, load_s, pipe.bytes_loaded(),
-                 tp.size, opts.dtype);
+    req = pipe->with_defaults(req);
+    pipe->check_request(req);
+    spdlog::info("loaded {} ({}) in {:.2f} s ({} bytes on this rank), tp {}, dtype {}", model, pipe->class_name(),
+                 load_s, pipe->bytes_loaded(), tp.size, opts.dtype);
     const bool lead = session.rank() == 0;
-    auto res = pipe.generate(req, [&](int64_t i, int64_t n, double s) {
+    auto res = pipe->generate(req, [&](int64_t i, int64_t n, double s) {
       if (lead) spdlog::info("step {}/{}: {:.3f} s", i + 1, n, s);
     });
     if (lead) {

@@ -10,7 +10,7 @@
 #include "checkpoint/hdf5_source.h"
 #include "checkpoint/pipeline_folder.h"
 #include "cli/command.h"
-#include "models/model_table.h"
+#include "models/model_registry.h"
 #include "runtime/error.h"
 #include "runtime/size_string.h"
 
@@ -89,6 +89,15 @@ nlohmann::json inspect_component(const std::string& name, const std::string& pat
   out["path"] = path;
   out["class"] = table ? table->cls : l.config.value("_class_name", std::string());
   out["model_table"] = table.has_value();
+  if (table) {
+    nlohmann::json plan = nlohmann::json::array();
+    for (const auto& e : table->tp_plan()) {
+      nlohmann::json j = {{"pattern", e.pattern}, {"style", checkpoint::shard_style_name(e.style)}};
+      if (!e.blocks.empty()) j["blocks"] = e.blocks;
+      plan.push_back(std::move(j));
+    }
+    out["tp_plan"] = std::move(plan);
+  }
   out["index"] = l.index;
   out["files"] = l.files;
   out["tensors"] = nlohmann::json::array();
@@ -115,6 +124,8 @@ nlohmann::json inspect_component(const std::string& name, const std::string& pat
         plan = spec->style == checkpoint::ShardStyle::Replicated ? "replicated"
                                                                   : checkpoint::shard_style_name(spec->style);
         if (!spec->plan_key.empty()) t["plan_key"] = spec->plan_key;
+        t["kind"] = models::tensor_kind_name(spec->kind);
+        t["table_index"] = spec - table->tensors.data();  // declaration (module) order
       }
     }
     t["plan"] = plan;
@@ -133,14 +144,12 @@ nlohmann::json inspect_component(const std::string& name, const std::string& pat
     nlohmann::json j;
     j["size"] = tp;
     try {
-      if (table && table->num_attention_heads % tp != 0) {
-        throw ConfigError(fmt::format("tp {} does not divide num_attention_heads {}", tp, table->num_attention_heads));
-      }
+      if (table) models::validate_tp_size(*table, tp, path);
       std::vector<uint64_t> per_rank(static_cast<size_t>(tp), 0);
       for (int r = 0; r < tp; ++r) {
         for (const auto& row : l.rows) {
-          checkpoint::ShardRequest req;
-          if (table) req = table->request(row.name, r, tp);
+          checkpoint::ShardRequest req;  // tensors the model does not know are read whole
+          if (table && table->find(row.name)) req = table->request(row.name, r, tp);
           req.tp_rank = r;
           req.tp_size = tp;
           per_rank[static_cast<size_t>(r)] +=
@@ -171,6 +180,13 @@ void print_text(const nlohmann::json& comp) {
     std::cout << fmt::format("  {:<{}}  {:<6} {:<16} {:>12}  {:<44} {}\n", t["name"].get<std::string>(), w,
                              t["dtype"].get<std::string>(), checkpoint::shape_string(t["shape"].get<std::vector<int64_t>>()),
                              t["bytes"].get<uint64_t>(), t["file"].get<std::string>(), t["plan"].get<std::string>());
+  }
+  if (comp.contains("tp_plan") && !comp["tp_plan"].empty()) {
+    std::cout << "  tp plan:\n";
+    for (const auto& e : comp["tp_plan"]) {
+      std::cout << fmt::format("    {:<52} {}{}\n", e["pattern"].get<std::string>(), e["style"].get<std::string>(),
+                               e.contains("blocks") ? fmt::format(" {}", e["blocks"].dump()) : "");
+    }
   }
   if (comp.contains("tp")) {
     const auto& j = comp["tp"];

@@ -5,7 +5,7 @@
 #include "cli/session_options.h"
 #include "jobs/job_runner.h"
 #include "runtime/error.h"
-#include "runtime/session.h"
+#include "dist/session.h"
 
 namespace tprun::cli {
 

@@ -4,7 +4,7 @@
 
 #include <boost/program_options.hpp>
 
-#include "runtime/session.h"
+#include "dist/session.h"
 
 namespace tprun::cli {
 

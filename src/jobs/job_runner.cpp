@@ -1,16 +1,13 @@
-// The batch job: validation and verdict, resume, cost-balanced assignment
-// over dp replicas, the per-replica loop, one results writer. See job_runner.h.
+// The batch job as named steps: validate, mesh, resume, load, schedule, the
+// replica loop, results. See job_runner.h.
 #include "jobs/job_runner.h"
 
-#include <mpi.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -21,20 +18,23 @@
 #include <spdlog/spdlog.h>
 
 #include "dist/communicator.h"
+#include "dist/control_plane.h"
 #include "dist/device_mesh.h"
 #include "dist/mesh.h"
+#include "dist/session.h"
 #include "jobs/hdf5_store.h"
+#include "jobs/job_schedule.h"
 #include "jobs/progress.h"
 #include "jobs/request_list.h"
 #include "jobs/results_log.h"
-#include "pipelines/flux_pipeline.h"
+#include "pipelines/pipeline.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
-#include "runtime/session.h"
 
 namespace tprun::jobs {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using Tag = dist::ControlPlane::Tag;
 
 namespace {
 
@@ -42,33 +42,7 @@ std::atomic<int> g_stop{0};
 
 extern "C" void on_stop_signal(int) { g_stop.store(1); }
 
-constexpr int kTagRecord = 11;
-constexpr int kTagFinish = 12;
-
-void bcast_string(std::string& s, MPI_Comm comm) {
-  uint64_t n = s.size();
-  MPI_Bcast(&n, 1, MPI_UINT64_T, 0, comm);
-  s.resize(n);
-  if (n > 0) MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, 0, comm);
-}
-
-// Runs `fn` on world rank 0; its tprun::Error (if any) is broadcast and
-// raised on every rank alike, so all ranks exit with the same message.
-void agree(int rank, const std::function<void()>& fn) {
-  int kind = -1;
-  std::string message;
-  if (rank == 0) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      kind = static_cast<int>(e.kind());
-      message = e.what();
-    }
-  }
-  MPI_Bcast(&kind, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  bcast_string(message, MPI_COMM_WORLD);
-  if (kind >= 0) throw Error(static_cast<Error::Kind>(kind), message, true);
-}
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 struct Plan {
   Manifest manifest;
@@ -102,81 +76,379 @@ bool is_stale_temp(const fs::path& p) {
   return n.size() > 1 && n[0] == '.' && n.find(".tmp") != std::string::npos;
 }
 
-// A unit of work: one request, or a batch of same-shape requests.
-using Unit = std::vector<const JobRequest*>;
+// One run of `tprun run`, step by step. Every rank constructs one and calls
+// run(); the steps are collective in the order run() calls them.
+class JobRun {
+ public:
+  JobRun(Session& session, const RunOptions& options)
+      : session_(session), options_(options), control_(session.watchdog()), rank_(session.rank()) {}
 
-double unit_cost(const Unit& u) {
-  double c = 0;
-  for (const JobRequest* r : u) c += r->cost();
-  return c;
-}
+  int run() {
+    validate();
+    make_mesh();
+    resume();
+    load();
+    schedule();
+    replica_loop();
+    return results();
+  }
 
-// Batches of up to `batch_size` requests that share a shape (size, steps,
-// guidance, true CFG, max_sequence_length), formed in id order from the
-// requests to run — so a batch's members depend on the manifest and on what
-// is left to run, never on dp, tp or the order of the file. Requests the
-// pipeline refuses (`runnable` false) stay alone and fail fast.
-std::vector<Unit> make_units(const std::vector<const JobRequest*>& todo, int64_t batch_size,
-                             const std::function<bool(const JobRequest&)>& runnable) {
-  std::vector<const JobRequest*> order = todo;
-  std::sort(order.begin(), order.end(), [](const JobRequest* a, const JobRequest* b) { return a->id < b->id; });
-  std::vector<Unit> units;
-  std::map<std::string, size_t> open;  // shape key -> index of its unfilled batch
-  for (const JobRequest* r : order) {
-    const auto& g = r->gen;
-    if (batch_size <= 1 || !runnable(*r)) {
-      units.push_back({r});
-      continue;
+ private:
+  void validate();
+  void make_mesh();
+  void resume();
+  void load();
+  void schedule();
+  void replica_loop();
+  int results();
+
+  void run_unit(const Unit& unit);
+  void write_record(const ResultRecord& r);
+  void handle_message(Tag tag, const std::string& payload);
+  std::vector<std::pair<std::string, std::string>> png_text(const JobRequest& r) const;
+
+  Session& session_;
+  const RunOptions& options_;
+  dist::ControlPlane control_;
+  const int rank_;
+
+  Plan plan_;
+  std::unique_ptr<dist::DeviceMesh> mesh_;
+  std::unique_ptr<ResultsLog> log_;  // world rank 0 only
+  fs::path out_dir_, images_;
+  std::vector<const JobRequest*> todo_;
+  int64_t skipped_ = 0;
+  std::unique_ptr<pipelines::Pipeline> pipe_;
+  std::set<const JobRequest*> runnable_;
+  std::vector<Unit> mine_;
+  std::unique_ptr<Hdf5Store> store_;
+
+  // The loop's tallies (world rank 0 sums the records of every replica).
+  std::unique_ptr<Progress> progress_;
+  double stage_sums_[3] = {0, 0, 0};  // encode, denoise, decode over this run's records
+  int64_t failed_ = 0;
+  int finishes_ = 0, interrupted_replicas_ = 0;
+  bool interrupted_ = false;
+  double compute_s_ = 0, loop_s_ = 0;
+  Clock::time_point loop_start_;
+};
+
+// 1. Manifest and requests, parsed and checked on rank 0: one verdict for all,
+//    before any model is loaded or anything written.
+void JobRun::validate() {
+  if (rank_ == 0) {
+    if (const char* restarts = std::getenv("SLURM_RESTART_COUNT")) {
+      spdlog::info("Slurm job {} restart count {} (requeued: finished requests are kept)",
+                   std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "?", restarts);
     }
-    const bool cfg = g.true_cfg_scale > 1.0 && g.negative_prompt.has_value();
-    const std::string key = fmt::format("{}x{}/{}/{}/{}/{}/{}", g.height, g.width, g.steps, g.guidance,
-                                        g.true_cfg_scale, g.max_sequence_length, cfg);
-    auto it = open.find(key);
-    if (it == open.end() || static_cast<int64_t>(units[it->second].size()) >= batch_size) {
-      open[key] = units.size();
-      units.push_back({r});
-    } else {
-      units[it->second].push_back(r);
+    if (options_.shard_count > 0) {
+      spdlog::info("chunk {} of {} of the requests", options_.shard_index, options_.shard_count);
     }
   }
-  return units;
-}
-
-// LPT: largest cost first onto the least-loaded replica (ties: lowest index;
-// equal costs in order of the first id).
-std::vector<std::vector<Unit>> assign(std::vector<Unit> units, int replicas) {
-  std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
-    if (unit_cost(a) != unit_cost(b)) return unit_cost(a) > unit_cost(b);
-    return a.front()->id < b.front()->id;
+  control_.agree([&] { plan_ = read_plan(options_); });
+  if (rank_ != 0) plan_ = read_plan(options_);
+  const Manifest& m = plan_.manifest;
+  const int world = session_.world();
+  control_.agree([&] {
+    const int dp = m.dp > 0 ? m.dp : (world % m.tp == 0 ? world / m.tp : 0);
+    if (dp == 0 || m.tp * dp != world) {
+      throw ConfigError(fmt::format("{}: parallel.tp {} x parallel.dp {} must equal the number of ranks {}", m.path,
+                                    m.tp, m.dp > 0 ? std::to_string(m.dp) : std::string("(world / tp)"), world),
+                        true);
+    }
+    const bool on_cuda = session_.device().device.rfind("cuda", 0) == 0;
+    if ((m.device == "cpu" && on_cuda) || (m.device == "cuda" && !on_cuda)) {
+      throw ConfigError(fmt::format("{}: parallel.device is '{}' but this rank runs on {} ({}); set --device {}",
+                                    m.path, m.device, session_.device().device, session_.device().reason, m.device),
+                        true);
+    }
   });
-  std::vector<double> load(static_cast<size_t>(replicas), 0.0);
-  std::vector<std::vector<Unit>> out(static_cast<size_t>(replicas));
-  for (auto& u : units) {
-    const size_t best = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    load[best] += unit_cost(u);
-    out[best].push_back(std::move(u));
+  out_dir_ = m.output_dir;
+  images_ = out_dir_ / "images";
+}
+
+// 2. The mesh: dp replicas x tp groups.
+void JobRun::make_mesh() {
+  const Manifest& m = plan_.manifest;
+  dist::MeshSpec spec;
+  spec.tp = m.tp;
+  spec.dp = m.dp;
+  spec.allow_cross_node_tp = m.allow_cross_node_tp;
+  mesh_ = session_.make_mesh(spec);
+}
+
+// 3. Resume (rank 0): what is done, what runs; stale temporaries removed; the
+//    log rewritten without the ids that run again. The list is broadcast.
+void JobRun::resume() {
+  const Manifest& m = plan_.manifest;
+  std::string todo_json;
+  control_.agree([&] {
+    std::error_code ec;
+    fs::create_directories(images_, ec);
+    if (ec) {
+      throw ConfigError(fmt::format("{}: output.dir: cannot create {}: {}", m.path, images_.string(), ec.message()),
+                        true);
+    }
+    for (const fs::path& d : {out_dir_, images_, out_dir_ / "store"}) {
+      if (!fs::is_directory(d)) continue;
+      for (const auto& e : fs::directory_iterator(d)) {
+        if (e.is_regular_file() && is_stale_temp(e.path())) {
+          spdlog::info("removing a temporary file left by an interrupted run: {}", e.path().string());
+          fs::remove(e.path(), ec);
+        }
+      }
+    }
+    log_ = std::make_unique<ResultsLog>(out_dir_.string());
+    if (log_->torn_lines() > 0) {
+      spdlog::warn("{}: dropped {} torn line(s) left by an interrupted writer", log_->path(), log_->torn_lines());
+    }
+    const bool use_store = m.hdf5 || m.latents;
+    const std::set<std::string> stored =
+        use_store ? Hdf5Store::stored_ids(out_dir_.string(), m.hdf5, m.latents) : std::set<std::string>{};
+    nlohmann::json todo = nlohmann::json::array();
+    std::set<std::string> rerun;
+    for (const auto& r : plan_.requests) {
+      auto it = log_->records().find(r.id);
+      if (it != log_->records().end()) {
+        const auto& rec = it->second;
+        const bool image_ok = (!m.png || fs::is_regular_file(images_ / (r.id + ".png"))) &&
+                              (!use_store || stored.count(r.id) != 0);
+        if ((rec.status == "done" && image_ok) || (rec.status == "failed" && !options_.retry_failed)) {
+          ++skipped_;
+          continue;
+        }
+        rerun.insert(r.id);
+      }
+      todo.push_back(r.id);
+    }
+    log_->begin(rerun);
+    todo_json = todo.dump();
+  });
+  control_.broadcast(todo_json);
+  control_.broadcast(skipped_);
+  std::map<std::string, const JobRequest*> by_id;
+  for (const auto& r : plan_.requests) by_id[r.id] = &r;
+  for (const auto& id : nlohmann::json::parse(todo_json)) todo_.push_back(by_id.at(id.get<std::string>()));
+  if (rank_ == 0) {
+    spdlog::info("job {}: {} requests, {} already finished, {} to run on {} replica(s) x tp {}", m.path,
+                 plan_.requests.size(), skipped_, todo_.size(), mesh_->dp_size(), m.tp);
   }
-  return out;
 }
 
-pipelines::GenerationRequest to_generation(const GenerationParams& p) {
-  pipelines::GenerationRequest g;
-  g.prompt = p.prompt;
-  g.negative_prompt = p.negative_prompt;
-  g.height = p.height;
-  g.width = p.width;
-  g.steps = p.steps;
-  g.guidance = p.guidance;
-  g.true_cfg_scale = p.true_cfg_scale;
-  g.seed = p.seed;
-  g.max_sequence_length = p.max_sequence_length;
-  return g;
+// 4. The pipeline model_index.json names; every request gets its defaults and
+//    is checked once (batching, the store and the loop use the verdict).
+void JobRun::load() {
+  const Manifest& m = plan_.manifest;
+  parallel::TpContext tp{mesh_->tp_rank(), mesh_->tp_size(), mesh_->tp_size() > 1 ? &mesh_->tp_device() : nullptr};
+  pipelines::PipelineOptions lo;
+  lo.dtype = m.dtype;
+  lo.device = session_.device().device;
+  const auto t0 = Clock::now();
+  pipe_ = pipelines::load_pipeline(m.model, tp, lo);
+  spdlog::info("loaded {} ({}) in {:.2f} s ({} bytes on this rank)", m.model, pipe_->class_name(), seconds_since(t0),
+               pipe_->bytes_loaded());
+  for (auto& r : plan_.requests) r.gen = pipe_->with_defaults(r.gen);
+  for (const JobRequest* r : todo_) {
+    try {
+      pipe_->check_request(r->gen);
+      runnable_.insert(r);
+    } catch (const RequestError&) {
+      // fails without output; recorded `failed` by its replica
+    }
+  }
 }
 
-std::vector<std::pair<std::string, std::string>> png_text(const JobRequest& r, const Manifest& m) {
-  auto t = pipelines::generation_text(to_generation(r.gen), m.model, m.dtype);
+// 5. Units of work and this replica's share (the same on every rank, no
+//    messages); the HDF5 store of this run, created collectively.
+void JobRun::schedule() {
+  const Manifest& m = plan_.manifest;
+  auto units = make_units(todo_, m.batch_size, [&](const JobRequest& r) -> std::optional<std::string> {
+    if (!runnable_.count(&r)) return std::nullopt;
+    return pipe_->batch_key(r.gen);
+  });
+  mine_ = assign_units(std::move(units), mesh_->dp_size(),
+                       [&](const JobRequest& r) { return pipe_->cost(r.gen); })[static_cast<size_t>(mesh_->dp_rank())];
+  if (m.hdf5 || m.latents) {
+    std::vector<StoreRequest> srs;
+    for (const JobRequest* r : todo_) {
+      if (!runnable_.count(r)) continue;
+      const auto shape = pipe_->latent_shape(*r->gen.height, *r->gen.width);
+      srs.push_back({r, shape[0], shape[1]});
+    }
+    store_ = std::make_unique<Hdf5Store>(out_dir_.string(), m.hdf5, m.latents, srs, MPI_COMM_WORLD);
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> JobRun::png_text(const JobRequest& r) const {
+  auto t = pipelines::generation_text(r.gen, plan_.manifest.model, plan_.manifest.dtype);
   t.insert(t.begin() + 1, {"id", r.id});
   return t;
+}
+
+void JobRun::write_record(const ResultRecord& r) {
+  log_->append(r);
+  stage_sums_[0] += r.encode_s;
+  stage_sums_[1] += r.denoise_s;
+  stage_sums_[2] += r.decode_s;
+  if (r.status != "done") {
+    ++failed_;
+    spdlog::warn("request {} failed: {}", r.id, r.error);
+  }
+  progress_->record(r.status == "done");
+}
+
+void JobRun::handle_message(Tag tag, const std::string& payload) {
+  if (tag == Tag::Record) {
+    write_record(ResultRecord::from_json(nlohmann::json::parse(payload)));
+    return;
+  }
+  ++finishes_;
+  if (payload == "interrupted") ++interrupted_replicas_;
+}
+
+// One unit on this replica: generate, write the images (TP rank 0), and the
+// records to world rank 0.
+void JobRun::run_unit(const Unit& unit) {
+  const Manifest& m = plan_.manifest;
+  const bool leader = mesh_->tp_rank() == 0;
+  const auto drain = [&] {
+    if (rank_ == 0) control_.poll([&](Tag tag, int, const std::string& p) { handle_message(tag, p); });
+  };
+  std::vector<ResultRecord> recs(unit.size());
+  std::vector<pipelines::GenerationRequest> gens;
+  for (size_t k = 0; k < unit.size(); ++k) {
+    const JobRequest& req = *unit[k];
+    ResultRecord& rec = recs[k];
+    rec.id = req.id;
+    rec.seed = req.gen.seed;
+    rec.height = req.gen.height.value_or(0);
+    rec.width = req.gen.width.value_or(0);
+    rec.steps = req.gen.steps.value_or(0);
+    rec.replica = mesh_->dp_rank();
+    gens.push_back(req.gen);
+  }
+  const auto t0 = Clock::now();
+  try {
+    auto results = pipe_->generate_batch(gens, [&](int64_t, int64_t, double) { drain(); });
+    for (size_t k = 0; k < unit.size(); ++k) {
+      const JobRequest& req = *unit[k];
+      const auto& res = results[k];
+      ResultRecord& rec = recs[k];
+      rec.encode_s = res.times.encode_s;
+      rec.denoise_s = res.times.denoise_s();
+      if (!res.error.empty()) {
+        rec.status = "failed";
+        rec.error = res.error;
+        continue;
+      }
+      if (leader) {
+        const auto td = Clock::now();
+        if (m.png) {
+          rec.path = "images/" + req.id + ".png";
+          pipelines::write_png((out_dir_ / rec.path).string(), res.rgb.data(), static_cast<int>(res.width),
+                               static_cast<int>(res.height), png_text(req));
+        }
+        if (store_) {
+          store_->write(req.id, res.rgb, *res.latents);
+          if (!m.png) {
+            rec.path =
+                fs::relative(store_->path(), out_dir_).string() + ":" + (m.hdf5 ? "/images/" : "/latents/") + req.id;
+          }
+        }
+        rec.decode_s = res.times.decode_s + seconds_since(td);
+      }
+      rec.status = "done";
+    }
+  } catch (const RequestError& e) {
+    for (auto& rec : recs) {
+      rec.status = "failed";
+      rec.error = e.what();
+    }
+  }
+  compute_s_ += seconds_since(t0);
+  if (leader) {
+    for (const auto& rec : recs) {
+      if (rank_ == 0) {
+        write_record(rec);
+      } else {
+        control_.send_to_root(Tag::Record, rec.to_json().dump());
+      }
+    }
+  }
+  drain();
+}
+
+// 6. Each replica runs its units in order; all TP ranks of a replica run the
+//    same unit. Before each unit the TP group agrees whether to stop
+//    (SIGTERM / SIGINT). World rank 0 takes every replica's records.
+void JobRun::replica_loop() {
+  const std::string& mode = options_.progress;
+  progress_ = std::make_unique<Progress>(static_cast<int64_t>(plan_.requests.size()), skipped_,
+                                         mode == "live" || (mode == "auto" && ::isatty(2)),
+                                         mode == "none" ? 1e18 : 10.0);
+  loop_start_ = Clock::now();
+  for (const Unit& unit : mine_) {
+    at::Tensor stop = at::full({1}, stop_requested() ? 1 : 0, at::TensorOptions().dtype(at::kInt));
+    if (mesh_->tp_size() > 1) mesh_->tp().all_reduce(stop, {dist::ReduceOp::Max});
+    if (stop.item<int>() != 0) {
+      interrupted_ = true;
+      break;
+    }
+    run_unit(unit);
+  }
+  loop_s_ = seconds_since(loop_start_);
+  const bool leader = mesh_->tp_rank() == 0;
+  if (leader && rank_ != 0) control_.send_to_root(Tag::Finish, interrupted_ ? "interrupted" : "finished");
+  if (interrupted_) ++interrupted_replicas_;
+  control_.flush();
+  if (rank_ == 0) {
+    int expected = 0;
+    for (int r = 1; r < session_.world(); ++r) expected += mesh_->layout().coord(r).tp_index == 0 ? 1 : 0;
+    while (finishes_ < expected) control_.wait([&](Tag tag, int, const std::string& p) { handle_message(tag, p); });
+    progress_->finish();
+  }
+}
+
+// 7. The store closed (every dataset written is a `done` record), the summary,
+//    and one exit code for all ranks.
+int JobRun::results() {
+  if (store_) {
+    std::string done_json;
+    if (rank_ == 0) {
+      nlohmann::json done = nlohmann::json::array();
+      for (const auto& [id, rec] : log_->records()) {
+        if (rec.status == "done") done.push_back(id);
+      }
+      done_json = done.dump();
+    }
+    control_.broadcast(done_json);
+    std::set<std::string> written;
+    for (const auto& id : nlohmann::json::parse(done_json)) written.insert(id.get<std::string>());
+    const std::string path = store_->finish(written);
+    if (rank_ == 0) spdlog::info("HDF5 store: {}", path);
+  }
+  int64_t code = 0;
+  if (rank_ == 0) {
+    const double wall = seconds_since(loop_start_);
+    const double total = stage_sums_[0] + stage_sums_[1] + stage_sums_[2];
+    const int64_t ran = static_cast<int64_t>(todo_.size());
+    auto share = [&](double x) { return total > 0 ? 100 * x / total : 0.0; };
+    spdlog::info("summary: {} run ({} failed) in {:.2f} s, {:.3f} img/s; stage shares encode {:.1f}% denoise {:.1f}% "
+                 "decode+write {:.1f}%; replica 0 runner overhead {:.2f}% ({:.3f} s of {:.3f} s)",
+                 ran, failed_, wall, wall > 0 ? static_cast<double>(ran) / wall : 0.0, share(stage_sums_[0]),
+                 share(stage_sums_[1]), share(stage_sums_[2]),
+                 loop_s_ > 0 ? 100 * (loop_s_ - compute_s_) / loop_s_ : 0.0, loop_s_ - compute_s_, loop_s_);
+    spdlog::info("results: {} | images: {}", log_->path(), images_.string());
+    if (interrupted_replicas_ > 0) {
+      spdlog::warn("interrupted: {} replica(s) stopped early; rerun the same command to resume (exit code {})",
+                   interrupted_replicas_, kExitInterrupted);
+      code = kExitInterrupted;
+    } else if (failed_ > 0) {
+      code = kExitSomeFailed;
+    }
+  }
+  control_.broadcast(code);
+  return static_cast<int>(code);
 }
 
 }  // namespace
@@ -220,321 +492,6 @@ void install_stop_handlers() {
 
 bool stop_requested() { return g_stop.load() != 0; }
 
-int run_job(Session& session, const RunOptions& options) {
-  const int rank = session.rank();
-  const int world = session.world();
-
-  if (rank == 0) {
-    if (const char* restarts = std::getenv("SLURM_RESTART_COUNT")) {
-      spdlog::info("Slurm job {} restart count {} (requeued: finished requests are kept)",
-                   std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "?", restarts);
-    }
-    if (options.shard_count > 0) spdlog::info("chunk {} of {} of the requests", options.shard_index, options.shard_count);
-  }
-
-  // 1. Validation on rank 0, one verdict for all.
-  Plan plan;
-  agree(rank, [&] { plan = read_plan(options); });
-  if (rank != 0) plan = read_plan(options);
-  const Manifest& m = plan.manifest;
-  agree(rank, [&] {
-    const int dp = m.dp > 0 ? m.dp : (world % m.tp == 0 ? world / m.tp : 0);
-    if (dp == 0 || m.tp * dp != world) {
-      throw ConfigError(fmt::format("{}: parallel.tp {} x parallel.dp {} must equal the number of ranks {}", m.path,
-                                    m.tp, m.dp > 0 ? std::to_string(m.dp) : std::string("(world / tp)"), world),
-                        true);
-    }
-    const bool on_cuda = session.device().device.rfind("cuda", 0) == 0;
-    if ((m.device == "cpu" && on_cuda) || (m.device == "cuda" && !on_cuda)) {
-      throw ConfigError(fmt::format("{}: parallel.device is '{}' but this rank runs on {} ({}); set --device {}",
-                                    m.path, m.device, session.device().device, session.device().reason, m.device),
-                        true);
-    }
-  });
-
-  // 2. Mesh.
-  dist::MeshSpec spec;
-  spec.tp = m.tp;
-  spec.dp = m.dp;
-  spec.allow_cross_node_tp = m.allow_cross_node_tp;
-  auto mesh = session.make_mesh(spec);
-  const bool leader = mesh->tp_rank() == 0;
-  const int replica = mesh->dp_rank();
-
-  // 3. Resume (rank 0): what is done, what runs; the log rewritten.
-  std::unique_ptr<ResultsLog> log;
-  const fs::path out_dir(m.output_dir);
-  const fs::path images = out_dir / "images";
-  std::string todo_json;
-  int64_t skipped = 0;
-  agree(rank, [&] {
-    std::error_code ec;
-    fs::create_directories(images, ec);
-    if (ec) throw ConfigError(fmt::format("{}: output.dir: cannot create {}: {}", m.path, images.string(), ec.message()), true);
-    for (const fs::path& d : {out_dir, images, out_dir / "store"}) {
-      if (!fs::is_directory(d)) continue;
-      for (const auto& e : fs::directory_iterator(d)) {
-        if (e.is_regular_file() && is_stale_temp(e.path())) {
-          spdlog::info("removing a temporary file left by an interrupted run: {}", e.path().string());
-          fs::remove(e.path(), ec);
-        }
-      }
-    }
-    log = std::make_unique<ResultsLog>(out_dir.string());
-    if (log->torn_lines() > 0) {
-      spdlog::warn("{}: dropped {} torn line(s) left by an interrupted writer", log->path(), log->torn_lines());
-    }
-    const bool use_store = m.hdf5 || m.latents;
-    const std::set<std::string> stored =
-        use_store ? Hdf5Store::stored_ids(out_dir.string(), m.hdf5, m.latents) : std::set<std::string>{};
-    nlohmann::json todo = nlohmann::json::array();
-    std::set<std::string> rerun;
-    for (const auto& r : plan.requests) {
-      auto it = log->records().find(r.id);
-      if (it != log->records().end()) {
-        const auto& rec = it->second;
-        const bool image_ok = (!m.png || fs::is_regular_file(images / (r.id + ".png"))) &&
-                              (!use_store || stored.count(r.id) != 0);
-        if (rec.status == "done" && image_ok) {
-          ++skipped;
-          continue;
-        }
-        if (rec.status == "failed" && !options.retry_failed) {
-          ++skipped;
-          continue;
-        }
-        rerun.insert(r.id);
-      }
-      todo.push_back(r.id);
-    }
-    log->begin(rerun);
-    todo_json = todo.dump();
-  });
-  bcast_string(todo_json, MPI_COMM_WORLD);
-  MPI_Bcast(&skipped, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
-  std::map<std::string, const JobRequest*> by_id;
-  for (const auto& r : plan.requests) by_id[r.id] = &r;
-  std::vector<const JobRequest*> todo;
-  for (const auto& id : nlohmann::json::parse(todo_json)) todo.push_back(by_id.at(id.get<std::string>()));
-  if (rank == 0) {
-    spdlog::info("job {}: {} requests, {} already finished, {} to run on {} replica(s) x tp {}", m.path,
-                 plan.requests.size(), skipped, todo.size(), mesh->dp_size(), m.tp);
-  }
-
-  // 4. Model.
-  parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
-  pipelines::PipelineLoadOptions lo;
-  lo.dtype = m.dtype;
-  lo.device = session.device().device;
-  const auto tl = Clock::now();
-  auto pipe = pipelines::FluxPipeline::load(m.model, tp, lo);
-  spdlog::info("loaded {} in {:.2f} s ({} bytes on this rank)", m.model,
-               std::chrono::duration<double>(Clock::now() - tl).count(), pipe.bytes_loaded());
-
-  // Which requests the pipeline accepts (checked once: batching and the store use it).
-  std::set<const JobRequest*> runnable;
-  for (const JobRequest* r : todo) {
-    try {
-      pipe.check_request(to_generation(r->gen));
-      runnable.insert(r);
-    } catch (const RequestError&) {
-      // fails without output; recorded `failed` by its replica
-    }
-  }
-  // Units of work (batches of same-shape requests) and this replica's share.
-  const auto mine = assign(make_units(todo, m.batch_size, [&](const JobRequest& r) { return runnable.count(&r) != 0; }),
-                           mesh->dp_size())[static_cast<size_t>(replica)];
-
-  // The HDF5 store of this run (collective): a dataset per request that can run.
-  std::unique_ptr<Hdf5Store> store;
-  if (m.hdf5 || m.latents) {
-    std::vector<StoreRequest> srs;
-    for (const JobRequest* r : todo) {
-      if (!runnable.count(r)) continue;
-      const auto shape = pipe.packed_latent_shape(r->gen.height, r->gen.width);
-      srs.push_back({r, shape[0], shape[1]});
-    }
-    store = std::make_unique<Hdf5Store>(out_dir.string(), m.hdf5, m.latents, srs, MPI_COMM_WORLD);
-  }
-
-  // 5. The loop; world rank 0 writes results.
-  MPI_Comm results_comm = MPI_COMM_NULL;
-  MPI_Comm_dup(MPI_COMM_WORLD, &results_comm);
-  const std::string mode = options.progress;
-  Progress progress(static_cast<int64_t>(plan.requests.size()), skipped,
-                    mode == "live" || (mode == "auto" && ::isatty(2)), mode == "none" ? 1e18 : 10.0);
-  int interrupted_replicas = 0;
-  double sums[3] = {0, 0, 0};  // encode, denoise, decode over this run's records
-  int64_t failed = 0;
-  auto write_record = [&](const ResultRecord& r) {
-    log->append(r);
-    sums[0] += r.encode_s;
-    sums[1] += r.denoise_s;
-    sums[2] += r.decode_s;
-    if (r.status != "done") {
-      ++failed;
-      spdlog::warn("request {} failed: {}", r.id, r.error);
-    }
-    progress.record(r.status == "done");
-  };
-  int finishes = 0;
-  auto handle = [&](const MPI_Status& st) {
-    int n = 0;
-    MPI_Get_count(&st, MPI_CHAR, &n);
-    std::string buf(static_cast<size_t>(n), '\0');
-    MPI_Recv(buf.data(), n, MPI_CHAR, st.MPI_SOURCE, st.MPI_TAG, results_comm, MPI_STATUS_IGNORE);
-    if (st.MPI_TAG == kTagRecord) {
-      write_record(ResultRecord::from_json(nlohmann::json::parse(buf)));
-    } else {
-      ++finishes;
-      if (buf == "interrupted") ++interrupted_replicas;
-    }
-  };
-  auto drain = [&] {
-    if (rank != 0) return;
-    while (true) {
-      int flag = 0;
-      MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, results_comm, &flag, &st);
-      if (!flag) return;
-      handle(st);
-    }
-  };
-  std::deque<std::pair<std::string, MPI_Request>> sends;
-  auto send = [&](const std::string& payload, int tag) {
-    sends.emplace_back(payload, MPI_REQUEST_NULL);
-    auto& s = sends.back();
-    MPI_Isend(s.first.data(), static_cast<int>(s.first.size()), MPI_CHAR, 0, tag, results_comm, &s.second);
-  };
-
-  bool interrupted = false;
-  double compute_s = 0;
-  const auto loop_start = Clock::now();
-  for (const Unit& unit : mine) {
-    at::Tensor stop = at::full({1}, stop_requested() ? 1 : 0, at::TensorOptions().dtype(at::kInt));
-    if (mesh->tp_size() > 1) mesh->tp().all_reduce(stop, {dist::ReduceOp::Max});
-    if (stop.item<int>() != 0) {
-      interrupted = true;
-      break;
-    }
-    std::vector<ResultRecord> recs(unit.size());
-    std::vector<pipelines::GenerationRequest> gens;
-    for (size_t k = 0; k < unit.size(); ++k) {
-      const JobRequest& req = *unit[k];
-      ResultRecord& rec = recs[k];
-      rec.id = req.id;
-      rec.seed = req.gen.seed;
-      rec.height = req.gen.height;
-      rec.width = req.gen.width;
-      rec.steps = req.gen.steps;
-      rec.replica = replica;
-      gens.push_back(to_generation(req.gen));
-    }
-    const auto t0 = Clock::now();
-    try {
-      auto results = pipe.generate_batch(gens, [&](int64_t, int64_t, double) { drain(); });
-      for (size_t k = 0; k < unit.size(); ++k) {
-        const JobRequest& req = *unit[k];
-        const auto& res = results[k];
-        ResultRecord& rec = recs[k];
-        rec.encode_s = res.times.encode_s;
-        rec.denoise_s = res.times.denoise_s();
-        if (!res.error.empty()) {
-          rec.status = "failed";
-          rec.error = res.error;
-          continue;
-        }
-        if (leader) {
-          const auto td = Clock::now();
-          if (m.png) {
-            rec.path = "images/" + req.id + ".png";
-            pipelines::write_png((out_dir / rec.path).string(), res.rgb.data(), static_cast<int>(res.width),
-                                 static_cast<int>(res.height), png_text(req, m));
-          }
-          if (store) {
-            store->write(req.id, res.rgb, *res.latents);
-            if (!m.png) {
-              rec.path =
-                  fs::relative(store->path(), out_dir).string() + ":" + (m.hdf5 ? "/images/" : "/latents/") + req.id;
-            }
-          }
-          rec.decode_s = res.times.decode_s + std::chrono::duration<double>(Clock::now() - td).count();
-        }
-        rec.status = "done";
-      }
-    } catch (const RequestError& e) {
-      for (auto& rec : recs) {
-        rec.status = "failed";
-        rec.error = e.what();
-      }
-    }
-    compute_s += std::chrono::duration<double>(Clock::now() - t0).count();
-    if (leader) {
-      for (const auto& rec : recs) {
-        if (rank == 0) {
-          write_record(rec);
-        } else {
-          send(rec.to_json().dump(), kTagRecord);
-        }
-      }
-    }
-    drain();
-  }
-  const double loop_s = std::chrono::duration<double>(Clock::now() - loop_start).count();
-  if (leader && rank != 0) send(interrupted ? "interrupted" : "finished", kTagFinish);
-  if (interrupted) ++interrupted_replicas;
-  for (auto& s : sends) MPI_Wait(&s.second, MPI_STATUS_IGNORE);
-  if (rank == 0) {
-    int expected = 0;
-    for (int r = 1; r < world; ++r) expected += mesh->layout().coord(r).tp_index == 0 ? 1 : 0;
-    while (finishes < expected) {
-      MPI_Status st;
-      MPI_Probe(MPI_ANY_SOURCE, MPI_ANY_TAG, results_comm, &st);
-      handle(st);
-    }
-    progress.finish();
-  }
-  MPI_Comm_free(&results_comm);
-  if (store) {
-    // Every dataset that was written is a `done` record rank 0 holds.
-    std::string done_json;
-    if (rank == 0) {
-      nlohmann::json done = nlohmann::json::array();
-      for (const auto& [id, rec] : log->records()) {
-        if (rec.status == "done") done.push_back(id);
-      }
-      done_json = done.dump();
-    }
-    bcast_string(done_json, MPI_COMM_WORLD);
-    std::set<std::string> written;
-    for (const auto& id : nlohmann::json::parse(done_json)) written.insert(id.get<std::string>());
-    const std::string path = store->finish(written);
-    if (rank == 0) spdlog::info("HDF5 store: {}", path);
-  }
-
-  // 6. Summary and one exit code for all ranks.
-  int code = 0;
-  if (rank == 0) {
-    const double wall = std::chrono::duration<double>(Clock::now() - loop_start).count();
-    const double total = sums[0] + sums[1] + sums[2];
-    const int64_t ran = static_cast<int64_t>(todo.size());
-    spdlog::info("summary: {} run ({} failed) in {:.2f} s, {:.3f} img/s; stage shares encode {:.1f}% denoise {:.1f}% "
-                 "decode+write {:.1f}%; replica 0 runner overhead {:.2f}% ({:.3f} s of {:.3f} s)",
-                 ran, failed, wall, wall > 0 ? static_cast<double>(ran) / wall : 0.0,
-                 total > 0 ? 100 * sums[0] / total : 0.0, total > 0 ? 100 * sums[1] / total : 0.0,
-                 total > 0 ? 100 * sums[2] / total : 0.0, loop_s > 0 ? 100 * (loop_s - compute_s) / loop_s : 0.0,
-                 loop_s - compute_s, loop_s);
-    spdlog::info("results: {} | images: {}", log->path(), images.string());
-    if (interrupted_replicas > 0) {
-      spdlog::warn("interrupted: {} replica(s) stopped early; rerun the same command to resume (exit code {})",
-                   interrupted_replicas, kExitInterrupted);
-      code = kExitInterrupted;
-    } else if (failed > 0) {
-      code = kExitSomeFailed;
-    }
-  }
-  MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  return code;
-}
+int run_job(Session& session, const RunOptions& options) { return JobRun(session, options).run(); }
 
 }  // namespace tprun::jobs

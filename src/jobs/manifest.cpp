@@ -290,7 +290,9 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path, c
                   d.true_cfg_scale = r.number(f, v, 0, 1000);
                 }},
                {"negative_prompt", [&](const Reader& r, const std::string& f, const toml::node& v) {
-                  d.negative_prompt = r.str(f, v);
+                  const std::string text = r.str(f, v);
+                  if (text.empty()) d.negative_prompt.reset();
+                  else d.negative_prompt = text;
                 }},
                {"max_sequence_length", [&](const Reader& r, const std::string& f, const toml::node& v) {
                   d.max_sequence_length = r.integer(f, v, 1, 512);

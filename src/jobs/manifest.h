@@ -10,8 +10,9 @@
 //   requests = "prompts.jsonl"        # JSONL, relative to the manifest
 //   [parallel]  tp = 1, dp = 0 (0: world / tp), device = "auto", allow_cross_node_tp = false
 //   [memory]    (no keys yet: the memory features arrive with their issue)
-//   [defaults]  height = 1024, width = 1024, steps = 28, guidance = 3.5,
-//               true_cfg_scale = 1.0, negative_prompt = "", max_sequence_length = 512, seed = 0
+//   [defaults]  height, width, steps, guidance, true_cfg_scale, negative_prompt,
+//               max_sequence_length (each: the pipeline's default when unset; FluxPipeline:
+//               1024, 1024, 28, 3.5, 1.0, none, 512), seed = 0 (the base seed)
 //   [output]    dir = "out", formats = ["png"] (png | hdf5 | latents: jobs/hdf5_store.h), batch_size = 1
 //               (same-shape requests denoised together, see job_runner.h)
 //
@@ -23,15 +24,10 @@
 #include <utility>
 #include <vector>
 
+#include "pipelines/generation_request.h"
+
 namespace tprun::jobs {
 
-struct GenerationDefaults {
-  int64_t height = 1024, width = 1024, steps = 28;
-  double guidance = 3.5, true_cfg_scale = 1.0;
-  std::string negative_prompt;  // "" = none
-  int64_t max_sequence_length = 512;
-  uint64_t seed = 0;  // base seed: a request without its own seed gets derive_seed(seed, id)
-};
 
 struct Manifest {
   std::string path;      // the manifest file
@@ -42,7 +38,10 @@ struct Manifest {
   int dp = 0;            // 0: world / tp
   std::string device = "auto";
   bool allow_cross_node_tp = false;
-  GenerationDefaults defaults;
+  // [defaults]: the fields set there (unset ones take the pipeline's own
+  // defaults); `seed` is the base seed a request without its own seed
+  // derives from (derive_seed(seed, id)); negative_prompt "" = none.
+  pipelines::GenerationRequest defaults;
   std::string output_dir = "out";  // resolved against the manifest
   bool png = true, hdf5 = false, latents = false;
   int64_t batch_size = 1;

@@ -28,12 +28,6 @@ bool valid_id(const std::string& id) {
 
 }  // namespace
 
-double JobRequest::cost() const {
-  const bool cfg = gen.true_cfg_scale > 1.0 && gen.negative_prompt.has_value();
-  return static_cast<double>(gen.height) * static_cast<double>(gen.width) * static_cast<double>(gen.steps) *
-         (cfg ? 2.0 : 1.0);
-}
-
 uint64_t derive_seed(uint64_t base, const std::string& id) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a 64
   for (unsigned char c : id) {
@@ -49,7 +43,7 @@ uint64_t derive_seed(uint64_t base, const std::string& id) {
 }
 
 JobRequest parse_request_line(const std::string& text, const std::string& file, int64_t line,
-                              const GenerationDefaults& d) {
+                              const pipelines::GenerationRequest& d) {
   nlohmann::json j;
   try {
     j = checkpoint::parse_strict_json(text, file, fmt::format("line {}", line));
@@ -60,14 +54,8 @@ JobRequest parse_request_line(const std::string& text, const std::string& file, 
   JobRequest r;
   r.line = line;
   auto& g = r.gen;
-  g.height = d.height;
-  g.width = d.width;
-  g.steps = d.steps;
-  g.guidance = d.guidance;
-  g.true_cfg_scale = d.true_cfg_scale;
-  if (!d.negative_prompt.empty()) g.negative_prompt = d.negative_prompt;
-  g.max_sequence_length = d.max_sequence_length;
   bool have_prompt = false;
+  bool negative_given = false;
   auto integer = [&](const std::string& k, const nlohmann::json& v, int64_t lo, int64_t hi) {
     if (!v.is_number_integer()) fail(file, line, k, fmt::format("must be an integer, found {}", v.dump()));
     if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
@@ -106,8 +94,8 @@ JobRequest parse_request_line(const std::string& text, const std::string& file, 
       have_prompt = true;
     } else if (k == "negative_prompt") {
       const std::string s = string(k, v);
-      if (s.empty()) g.negative_prompt.reset();
-      else g.negative_prompt = s;
+      negative_given = true;  // "" = none, even where the manifest has a default
+      if (!s.empty()) g.negative_prompt = s;
     } else if (k == "height") {
       g.height = integer(k, v, 1, 16384);
     } else if (k == "width") {
@@ -135,10 +123,13 @@ JobRequest parse_request_line(const std::string& text, const std::string& file, 
   if (r.id.empty()) fail(file, line, "id", "required field is missing");
   if (!have_prompt) fail(file, line, "prompt", "required field is missing");
   if (!r.seed_given) g.seed = derive_seed(d.seed, r.id);
+  const std::optional<std::string> negative = g.negative_prompt;
+  g.fill_from(d);
+  if (negative_given) g.negative_prompt = negative;
   return r;
 }
 
-std::vector<JobRequest> read_requests(const std::string& path, const GenerationDefaults& defaults) {
+std::vector<JobRequest> read_requests(const std::string& path, const pipelines::GenerationRequest& defaults) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot open the requests file", path), true);
   std::vector<JobRequest> out;

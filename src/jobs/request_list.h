@@ -23,24 +23,13 @@
 
 namespace tprun::jobs {
 
-// A request's generation parameters (defaults applied); the job runner turns
-// them into a pipelines::GenerationRequest.
-struct GenerationParams {
-  std::string prompt;
-  std::optional<std::string> negative_prompt;
-  int64_t height = 1024, width = 1024, steps = 28;
-  double guidance = 3.5, true_cfg_scale = 1.0;
-  uint64_t seed = 0;
-  int64_t max_sequence_length = 512;
-};
-
 struct JobRequest {
   std::string id;
   int64_t line = 0;  // 1-based line in the requests file
-  GenerationParams gen;  // defaults applied, seed resolved
+  // The manifest's [defaults] applied (fields neither sets stay unset for the
+  // pipeline's defaults), seed resolved.
+  pipelines::GenerationRequest gen;
   bool seed_given = false;
-  // Relative cost (pixels x steps x forwards per step), for scheduling.
-  double cost() const;
 };
 
 // SplitMix64 of (base XOR FNV-1a-64(id)), masked to 53 bits so that JSON
@@ -48,10 +37,10 @@ struct JobRequest {
 uint64_t derive_seed(uint64_t base_seed, const std::string& id);
 
 // ConfigError "<file>:<line>: <field>: ..." for the first bad line.
-std::vector<JobRequest> read_requests(const std::string& path, const GenerationDefaults& defaults);
+std::vector<JobRequest> read_requests(const std::string& path, const pipelines::GenerationRequest& defaults);
 
 // Parses one line (exposed for the fuzz target and tests).
 JobRequest parse_request_line(const std::string& text, const std::string& file, int64_t line,
-                              const GenerationDefaults& defaults);
+                              const pipelines::GenerationRequest& defaults);
 
 }  // namespace tprun::jobs

@@ -2,38 +2,25 @@
 // top-level decode / encode (Decoder / Encoder of diffusers' vae.py).
 #include "models/autoencoder_kl.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/exp.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/randn.h>
 #include <ATen/ops/silu.h>
 
 #include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
-#include "models/flux_transformer.h"
-#include "models/model_table.h"
+#include "models/model_config.h"
+#include "models/model_registry.h"
 #include "models/vae_blocks.h"
 #include "runtime/error.h"
 
 namespace tprun::models {
 
 namespace {
-
-bool config_bool(const nlohmann::json& c, const std::string& field, const std::string& path, bool fallback) {
-  if (!c.contains(field) || c[field].is_null()) return fallback;
-  if (!c[field].is_boolean()) {
-    throw CheckpointError(fmt::format("{}: field '{}' must be true or false, found {}", path, field, c[field].dump()));
-  }
-  return c[field].get<bool>();
-}
-
-std::optional<double> config_number(const nlohmann::json& c, const std::string& field, const std::string& path) {
-  if (!c.contains(field) || c[field].is_null()) return std::nullopt;
-  if (!c[field].is_number()) {
-    throw CheckpointError(fmt::format("{}: field '{}' must be a number, found {}", path, field, c[field].dump()));
-  }
-  return c[field].get<double>();
-}
 
 // Length of a block-type list whose every entry must be `want`; absent or
 // null: 1 (diffusers' default is one such block).
@@ -92,14 +79,13 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path)
       v.block_out_channels.push_back(e.get<int64_t>());
     }
   }
-  v.use_quant_conv = config_bool(c, "use_quant_conv", path, true);
-  v.use_post_quant_conv = config_bool(c, "use_post_quant_conv", path, true);
-  v.mid_block_add_attention = config_bool(c, "mid_block_add_attention", path, true);
-  v.force_upcast = config_bool(c, "force_upcast", path, true);
-  v.scaling_factor = config_number(c, "scaling_factor", path).value_or(v.scaling_factor);
-  const auto shift = config_number(c, "shift_factor", path);
-  v.has_shift = shift.has_value();
-  v.shift_factor = shift.value_or(0.0);
+  v.use_quant_conv = config_bool_or(c, "use_quant_conv", path, true);
+  v.use_post_quant_conv = config_bool_or(c, "use_post_quant_conv", path, true);
+  v.mid_block_add_attention = config_bool_or(c, "mid_block_add_attention", path, true);
+  v.force_upcast = config_bool_or(c, "force_upcast", path, true);
+  v.scaling_factor = config_number_or(c, "scaling_factor", path, v.scaling_factor);
+  v.has_shift = c.contains("shift_factor") && !c["shift_factor"].is_null();
+  v.shift_factor = config_number_or(c, "shift_factor", path, 0.0);
 
   if (c.contains("act_fn") && !(c["act_fn"].is_string() && c["act_fn"].get<std::string>() == "silu")) {
     throw CheckpointError(
@@ -136,92 +122,88 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path)
 bool AutoencoderKL::has_decoder() const { return w_ && w_->has_decoder; }
 bool AutoencoderKL::has_encoder() const { return w_ && w_->has_encoder; }
 
-AutoencoderKL AutoencoderKL::load(checkpoint::WeightSource& source, const nlohmann::json& config,
-                                  const std::string& config_path, const VaeLoadOptions& options) {
-  AutoencoderKL m;
-  m.config_ = VaeConfig::from_json(config, config_path);
-  const VaeConfig& cfg = m.config_;
-  const c10::ScalarType requested = checkpoint::parse_compute_dtype(options.dtype, "dtype");
-  m.upcast_ = requested != c10::kFloat && cfg.force_upcast;
-  m.compute_dtype_ = m.upcast_ || requested == c10::kFloat ? "fp32" : (requested == c10::kBFloat16 ? "bf16" : "fp16");
-  if (!options.decoder && !options.encoder) {
-    throw ConfigError("VaeLoadOptions: neither decoder nor encoder requested; load at least one");
-  }
+namespace {
 
-  auto table = model_table_for(config, config_path);
-  if (!table || table->cls != "AutoencoderKL") {
-    throw CheckpointError(fmt::format("{}: not an AutoencoderKL config", config_path));
-  }
-  // Only the requested halves need to be in the checkpoint.
-  auto wanted = [&](const std::string& name) {
-    const bool enc = name.rfind("encoder.", 0) == 0 || name.rfind("quant_conv.", 0) == 0;
-    return enc ? options.encoder : options.decoder;
-  };
-  ModelTable needed = *table;
-  needed.tensors.clear();
-  for (const auto& t : table->tensors)
-    if (wanted(t.name)) needed.tensors.push_back(t);
-  validate_tp_plan(needed, source, 1);  // generic: names and shapes, before any weight byte is read
-
-  checkpoint::LoadOptions lopts{options.mode, options.device, m.compute_dtype_};
-  checkpoint::ShardLoader loader(source, lopts);
-  const uint64_t before = loader.bytes_read();
-  auto w = std::make_shared<VaeWeights>();
+// The whole model's declarations in module order: encoder (conv_in,
+// down_blocks, mid_block, conv_norm_out, conv_out), decoder (conv_in,
+// up_blocks, mid_block, ...: up_blocks are registered before mid_block in
+// diffusers' Decoder), quant_conv, post_quant_conv (each only when its use_*
+// flag is true). All replicated.
+VaeWeights declare_vae(const VaeConfig& cfg, ModelBuilder& b) {
+  VaeWeights w;
   const auto& ch = cfg.block_out_channels;
   const size_t n = ch.size();
-  auto load_mid = [&](const std::string& p) {
-    MidBlockWeights mid;
-    if (cfg.mid_block_add_attention) mid.attentions.push_back(load_attention(loader, p + "attentions.0"));
-    for (int i = 0; i < 2; ++i) mid.resnets.push_back(load_resnet(loader, fmt::format("{}resnets.{}", p, i), false));
-    return mid;
-  };
 
-  if (options.encoder) {
-    w->has_encoder = true;
-    VaeCoderWeights& e = w->encoder;
-    e.conv_in = load_affine(loader, "encoder.conv_in");
-    int64_t in = ch[0];
-    for (size_t i = 0; i < n; ++i) {
-      SampleBlockWeights blk;
-      for (int64_t j = 0; j < cfg.layers_per_block; ++j) {
-        const int64_t rin = j == 0 ? in : ch[i];
-        blk.resnets.push_back(load_resnet(loader, fmt::format("encoder.down_blocks.{}.resnets.{}", i, j), rin != ch[i]));
-      }
-      blk.has_sampler = i + 1 < n;
-      if (blk.has_sampler) blk.sampler = load_affine(loader, fmt::format("encoder.down_blocks.{}.downsamplers.0.conv", i));
-      e.blocks.push_back(std::move(blk));
-      in = ch[i];
-    }
-    e.mid = load_mid("encoder.mid_block.");
-    e.conv_norm_out = load_affine(loader, "encoder.conv_norm_out");
-    e.conv_out = load_affine(loader, "encoder.conv_out");
-    if (cfg.use_quant_conv) w->quant_conv = load_affine(loader, "quant_conv");
+  VaeCoderWeights& e = w.encoder;
+  e.conv_in = b.conv2d("encoder.conv_in", ch[0], cfg.in_channels, 3);
+  int64_t in = ch[0];
+  for (size_t i = 0; i < n; ++i) {
+    SampleBlockWeights blk;
+    for (int64_t j = 0; j < cfg.layers_per_block; ++j)
+      blk.resnets.push_back(declare_resnet(b, fmt::format("encoder.down_blocks.{}.resnets.{}", i, j), j == 0 ? in : ch[i], ch[i]));
+    blk.has_sampler = i + 1 < n;
+    if (blk.has_sampler) blk.sampler = b.conv2d(fmt::format("encoder.down_blocks.{}.downsamplers.0.conv", i), ch[i], ch[i], 3);
+    e.blocks.push_back(std::move(blk));
+    in = ch[i];
   }
-  if (options.decoder) {
-    w->has_decoder = true;
-    VaeCoderWeights& d = w->decoder;
-    d.conv_in = load_affine(loader, "decoder.conv_in");
-    d.mid = load_mid("decoder.mid_block.");
-    int64_t in = ch[n - 1];
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t out = ch[n - 1 - i];
-      SampleBlockWeights blk;
-      for (int64_t j = 0; j <= cfg.layers_per_block; ++j) {
-        const int64_t rin = j == 0 ? in : out;
-        blk.resnets.push_back(load_resnet(loader, fmt::format("decoder.up_blocks.{}.resnets.{}", i, j), rin != out));
-      }
-      blk.has_sampler = i + 1 < n;
-      if (blk.has_sampler) blk.sampler = load_affine(loader, fmt::format("decoder.up_blocks.{}.upsamplers.0.conv", i));
-      d.blocks.push_back(std::move(blk));
-      in = out;
-    }
-    d.conv_norm_out = load_affine(loader, "decoder.conv_norm_out");
-    d.conv_out = load_affine(loader, "decoder.conv_out");
-    if (cfg.use_post_quant_conv) w->post_quant_conv = load_affine(loader, "post_quant_conv");
+  e.mid = declare_mid_block(b, "encoder.mid_block", ch[n - 1], cfg.mid_block_add_attention);
+  e.conv_norm_out = b.norm("encoder.conv_norm_out", ch[n - 1]);
+  e.conv_out = b.conv2d("encoder.conv_out", 2 * cfg.latent_channels, ch[n - 1], 3);  // double_z: mean and logvar
+
+  VaeCoderWeights& d = w.decoder;
+  d.conv_in = b.conv2d("decoder.conv_in", ch[n - 1], cfg.latent_channels, 3);
+  in = ch[n - 1];
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t out = ch[n - 1 - i];
+    SampleBlockWeights blk;
+    for (int64_t j = 0; j <= cfg.layers_per_block; ++j)
+      blk.resnets.push_back(declare_resnet(b, fmt::format("decoder.up_blocks.{}.resnets.{}", i, j), j == 0 ? in : out, out));
+    blk.has_sampler = i + 1 < n;
+    if (blk.has_sampler) blk.sampler = b.conv2d(fmt::format("decoder.up_blocks.{}.upsamplers.0.conv", i), out, out, 3);
+    d.blocks.push_back(std::move(blk));
+    in = out;
   }
-  source.close();
-  m.bytes_loaded_ = loader.bytes_read() - before;
-  m.w_ = std::move(w);
+  d.mid = declare_mid_block(b, "decoder.mid_block", ch[n - 1], cfg.mid_block_add_attention);
+  d.conv_norm_out = b.norm("decoder.conv_norm_out", ch[0]);
+  d.conv_out = b.conv2d("decoder.conv_out", cfg.out_channels, ch[0], 3);
+
+  if (cfg.use_quant_conv) w.quant_conv = b.conv2d("quant_conv", 2 * cfg.latent_channels, 2 * cfg.latent_channels, 1);
+  if (cfg.use_post_quant_conv) w.post_quant_conv = b.conv2d("post_quant_conv", cfg.latent_channels, cfg.latent_channels, 1);
+  return w;
+}
+
+bool in_encoder(const std::string& name) { return name.rfind("encoder.", 0) == 0 || name.rfind("quant_conv.", 0) == 0; }
+
+}  // namespace
+
+ModelTable AutoencoderKL::table_for(const VaeConfig& config, const ModelOptions&) {
+  return record_table(kClass, [&](ModelBuilder& b) { declare_vae(config, b); });
+}
+
+std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& source, const nlohmann::json& config,
+                                                   const std::string& config_path, const parallel::TpContext&,
+                                                   const ModelOptions& options) {
+  auto m = std::make_unique<AutoencoderKL>();
+  m->config_ = VaeConfig::from_json(config, config_path);
+  const VaeConfig& cfg = m->config_;
+  const c10::ScalarType requested = checkpoint::parse_compute_dtype(options.dtype, "dtype");
+  m->upcast_ = requested != c10::kFloat && cfg.force_upcast;
+  m->compute_dtype_ = m->upcast_ || requested == c10::kFloat ? "fp32" : (requested == c10::kBFloat16 ? "bf16" : "fp16");
+  const std::string& part = options.part;
+  if (!part.empty() && part != "decoder" && part != "encoder") {
+    throw ConfigError(fmt::format("AutoencoderKL: part '{}' is not 'decoder' or 'encoder'", part), true);
+  }
+  BuildOptions bo{m->compute_dtype_, options.device, options.mode, {}};
+  // Only the requested half needs to be in the checkpoint.
+  if (!part.empty()) bo.wanted = [enc = part == "encoder"](const std::string& name) { return in_encoder(name) == enc; };
+  auto w = std::make_shared<VaeWeights>();
+  BuiltModel built = build_model(kClass, source, parallel::TpContext{}, bo,
+                                 [&](ModelBuilder& b) { *w = declare_vae(cfg, b); });
+  w->has_encoder = part != "decoder";
+  w->has_decoder = part != "encoder";
+  m->table_ = std::move(built.table);
+  m->bytes_loaded_ = built.bytes_read;
+  m->w_ = std::move(w);
   return m;
 }
 
@@ -233,9 +215,9 @@ at::Tensor AutoencoderKL::decode(const at::Tensor& z_in, Trace* trace) const {
   auto record = [&](const std::string& name, const at::Tensor& t) {
     if (trace) trace->emplace_back(name, t);
   };
-  const auto opts = d.conv_in.weight->options();
+  const auto opts = d.conv_in.weight.get().options();
   at::Tensor z = z_in.to(opts.device(), opts.dtype().toScalarType());
-  if (w_->post_quant_conv.weight) {
+  if (w_->post_quant_conv.weight.defined()) {
     z = conv2d(z, w_->post_quant_conv, 1, 0);
     record("post_quant_conv", z);
   }
@@ -262,7 +244,7 @@ TensorMap AutoencoderKL::encode(const at::Tensor& image, Trace* trace) const {
   auto record = [&](const std::string& name, const at::Tensor& t) {
     if (trace) trace->emplace_back(name, t);
   };
-  const auto opts = e.conv_in.weight->options();
+  const auto opts = e.conv_in.weight.get().options();
   at::Tensor h = conv2d(image.to(opts.device(), opts.dtype().toScalarType()), e.conv_in, 1, 1);
   record("encoder.conv_in", h);
   for (size_t i = 0; i < e.blocks.size(); ++i) {
@@ -275,7 +257,7 @@ TensorMap AutoencoderKL::encode(const at::Tensor& image, Trace* trace) const {
   record("encoder.conv_norm_out", h);
   h = conv2d(at::silu(h), e.conv_out, 1, 1);
   record("encoder.conv_out", h);
-  if (w_->quant_conv.weight) {
+  if (w_->quant_conv.weight.defined()) {
     h = conv2d(h, w_->quant_conv, 1, 0);
     record("quant_conv", h);
   }
@@ -286,5 +268,26 @@ TensorMap AutoencoderKL::encode(const at::Tensor& image, Trace* trace) const {
   out["std"] = at::exp(at::clamp(parts[1], -30.0, 20.0) * 0.5);
   return out;
 }
+
+TensorMap AutoencoderKL::forward(const TensorMap& inputs, Trace* trace) const {
+  const bool has_latents = inputs.count("latents") != 0, has_image = inputs.count("image") != 0;
+  if (has_latents == has_image) {
+    throw RequestError("AutoencoderKL: give exactly one input: 'latents' (decode) or 'image' (encode)", true);
+  }
+  if (has_latents) return {{"sample", decode(inputs.at("latents"), trace)}};
+  return encode(inputs.at("image"), trace);
+}
+
+TensorMap AutoencoderKL::example_inputs(uint64_t seed) const {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const int64_t side = 4 * config_.scale_factor();
+  if (has_decoder()) return {{"latents", at::randn({1, config_.latent_channels, 4, 4}, gen, f32)}};
+  return {{"image", at::rand({1, config_.in_channels, side, side}, gen, f32) * 2 - 1}};
+}
+
+std::string AutoencoderKL::primary_output() const { return has_decoder() ? "sample" : "mean"; }
+
+TPRUN_REGISTER_MODEL(AutoencoderKL, VaeConfig);
 
 }  // namespace tprun::models

@@ -24,8 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/shard_loader.h"
-#include "models/tensor_map.h"
+#include "models/model.h"
 
 namespace at {
 class Tensor;
@@ -61,24 +60,24 @@ struct VaeConfig {
   static VaeConfig from_json(const nlohmann::json& config, const std::string& config_path);
 };
 
-struct VaeLoadOptions {
-  std::string dtype = "fp32";  // compute dtype: fp32 | bf16 | fp16 (see force_upcast above)
-  std::string device = "cpu";
-  checkpoint::LoadMode mode = checkpoint::LoadMode::ShardOnLoad;
-  bool decoder = true;  // load decoder.* (+ post_quant_conv)
-  bool encoder = true;  // load encoder.* (+ quant_conv)
-};
-
 struct VaeWeights;  // vae_blocks.h
 
-class AutoencoderKL {
+class AutoencoderKL final : public Model {
  public:
-  // Validates every tensor of the table ("AutoencoderKL", vae_table.cpp)
-  // against the source's headers before any weight byte is read
-  // (CheckpointError naming the tensor and both shapes), then reads the parts
-  // the options ask for.
-  static AutoencoderKL load(checkpoint::WeightSource& source, const nlohmann::json& config,
-                            const std::string& config_path, const VaeLoadOptions& options = {});
+  static constexpr const char* kClass = "AutoencoderKL";
+
+  // The table: every state_dict tensor in module order, all replicated (the
+  // VAE has no TP plan).
+  static ModelTable table_for(const VaeConfig& config, const ModelOptions& options = {});
+
+  // Validates the tensors of the requested part (ModelOptions::part:
+  // "decoder" = decoder.* + post_quant_conv, "encoder" = encoder.* +
+  // quant_conv, "" = both) against the source's headers before any weight
+  // byte is read (CheckpointError naming the tensor and both shapes), then
+  // reads them (whole on every rank that loads it: `tp` is not used).
+  static std::unique_ptr<AutoencoderKL> load(checkpoint::WeightSource& source, const nlohmann::json& config,
+                                             const std::string& config_path, const parallel::TpContext& tp = {},
+                                             const ModelOptions& options = {});
 
   // z [B, latent_channels, h, w], already un-scaled (the caller did
   // z / scaling_factor + shift_factor) -> sample [B, out_channels, h*sf, w*sf]
@@ -94,19 +93,22 @@ class AutoencoderKL {
   // count; ConfigError when loaded without the encoder.
   TensorMap encode(const at::Tensor& image, Trace* trace = nullptr) const;
 
+  // {"latents"} -> {"sample"} (decode) or {"image"} -> {"mean", "std"} (encode).
+  TensorMap forward(const TensorMap& inputs, Trace* trace = nullptr) const override;
+  TensorMap example_inputs(uint64_t seed) const override;
+  std::string primary_output() const override;
+
   const VaeConfig& config() const { return config_; }
   // "fp32" when upcast (force_upcast with a half dtype), else the requested dtype.
   const std::string& compute_dtype() const { return compute_dtype_; }
   bool upcast() const { return upcast_; }
   bool has_decoder() const;
   bool has_encoder() const;
-  uint64_t bytes_loaded() const { return bytes_loaded_; }
 
  private:
   VaeConfig config_;
   std::string compute_dtype_ = "fp32";
   bool upcast_ = false;
-  uint64_t bytes_loaded_ = 0;
   std::shared_ptr<const VaeWeights> w_;
 };
 

@@ -1,77 +1,30 @@
-// CLIPTextModel: config, loading, forward; and the pieces both text encoders
-// share (activations by transformers name, input_ids checks).
+// CLIPTextModel: config, declaration, loading, forward.
 #include "models/clip_text_model.h"
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/gelu.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/matmul.h>
-#include <ATen/ops/pow.h>
-#include <ATen/ops/relu.h>
-#include <ATen/ops/sigmoid.h>
-#include <ATen/ops/silu.h>
+#include <ATen/ops/randint.h>
 #include <ATen/ops/softmax.h>
-#include <ATen/ops/tanh.h>
 #include <fmt/format.h>
 
 #include "checkpoint/weight_source.h"
-#include "models/flux_transformer.h"  // validate_tp_plan (generic over ModelTable)
+#include "models/model_builder.h"
+#include "models/model_config.h"
+#include "models/model_registry.h"
+#include "models/text_encoder_common.h"
 #include "parallel/parallel_linear.h"
 #include "runtime/error.h"
 
 namespace tprun::models {
-
-// ---- shared by the text encoders ------------------------------------------
-
-bool known_activation(const std::string& n) {
-  return n == "quick_gelu" || n == "gelu" || n == "gelu_new" || n == "gelu_pytorch_tanh" || n == "relu" ||
-         n == "silu" || n == "swish";
-}
-
-at::Tensor hf_activation(const at::Tensor& x, const std::string& name) {
-  if (name == "quick_gelu") return x * at::sigmoid(1.702 * x);  // QuickGELUActivation
-  if (name == "gelu") return at::gelu(x);                          // erf form
-  if (name == "gelu_new") {                                        // NewGELUActivation, as written there
-    return 0.5 * x * (1.0 + at::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * at::pow(x, 3.0))));
-  }
-  if (name == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
-  if (name == "relu") return at::relu(x);
-  if (name == "silu" || name == "swish") return at::silu(x);
-  throw ConfigError(fmt::format("activation '{}' is not supported (known: quick_gelu, gelu, gelu_new, "
-                                "gelu_pytorch_tanh, relu, silu)",
-                                name));
-}
-
-at::Tensor checked_input_ids(const at::Tensor& ids, int64_t vocab_size, const std::string& model, bool all_ranks) {
-  if (!ids.defined()) throw RequestError(fmt::format("{}: input_ids is missing", model), all_ranks);
-  if (ids.dim() != 2) {
-    throw RequestError(fmt::format("{}: input_ids must have 2 dims [batch, sequence], got {}", model, ids.dim()),
-                       all_ranks);
-  }
-  if (!c10::isIntegralType(ids.scalar_type(), /*includeBool=*/false)) {
-    throw RequestError(fmt::format("{}: input_ids must be an integer tensor, got {}", model,
-                                   c10::toString(ids.scalar_type())),
-                       all_ranks);
-  }
-  if (ids.size(0) < 1 || ids.size(1) < 1) {
-    throw RequestError(fmt::format("{}: input_ids is empty ([{}, {}])", model, ids.size(0), ids.size(1)), all_ranks);
-  }
-  at::Tensor l = ids.to(at::kLong);
-  const int64_t lo = l.min().item<int64_t>(), hi = l.max().item<int64_t>();
-  if (lo < 0 || hi >= vocab_size) {
-    throw RequestError(fmt::format("{}: input id {} is outside the vocabulary [0, {})", model, lo < 0 ? lo : hi,
-                                   vocab_size),
-                       all_ranks);
-  }
-  return l;
-}
 
 // ---- config ---------------------------------------------------------------
 
@@ -105,54 +58,61 @@ ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& c, const std::str
 // ---- weights --------------------------------------------------------------
 
 struct ClipLayerWeights {
-  at::Tensor ln1_w, ln1_b, ln2_w, ln2_b;
+  Affine ln1, ln2;
   parallel::ParallelLinear q, k, v, out, fc1, fc2;
 };
 
 struct ClipTextWeights {
-  at::Tensor token, position;  // [V, H], [P, H]
+  parallel::Weight token, position;  // [V, H], [P, H]
   std::vector<ClipLayerWeights> layers;
-  at::Tensor final_w, final_b;
+  Affine final_ln;
 };
 
-ClipTextModel ClipTextModel::load(checkpoint::WeightSource& source, const nlohmann::json& config,
-                                  const std::string& config_path, const TextEncoderLoadOptions& options) {
-  ClipTextModel m;
-  m.config_ = ClipTextConfig::from_json(config, config_path);
-  const ModelTable table = clip_text_table(m.config_);
-  validate_tp_plan(table, source, 1);  // every tensor present, shapes match; reads headers only
+namespace {
 
-  checkpoint::LoadOptions lopts{options.mode, options.device, options.dtype};
-  checkpoint::ShardLoader loader(source, lopts);
-  const uint64_t before = loader.bytes_read();
-  auto tensor = [&](const std::string& name) { return loader.load(name, table.request(name, 0, 1)); };
-  auto linear = [&](const std::string& prefix) {
-    return parallel::ParallelLinear::load(loader, prefix, table.request(prefix + ".weight", 0, 1), true,
-                                          table.request(prefix + ".bias", 0, 1));
-  };
-  auto w = std::make_shared<ClipTextWeights>();
-  w->token = tensor("text_model.embeddings.token_embedding.weight");
-  w->position = tensor("text_model.embeddings.position_embedding.weight");
-  for (int64_t i = 0; i < m.config_.layers; ++i) {
+// Every tensor under "text_model.", in state_dict order, all replicated.
+ClipTextWeights declare_clip(const ClipTextConfig& c, ModelBuilder& b) {
+  const int64_t h = c.hidden_size;
+  const LinearDecl biased = LinearDecl::replicated().with_bias();
+  ClipTextWeights w;
+  w.token = b.tensor("text_model.embeddings.token_embedding.weight", {c.vocab_size, h}, TensorKind::Embedding);
+  w.position = b.tensor("text_model.embeddings.position_embedding.weight", {c.max_positions, h},
+                        TensorKind::Embedding);
+  b.unused("text_model.embeddings.position_ids", {1, c.max_positions}, TensorKind::Buffer);
+  for (int64_t i = 0; i < c.layers; ++i) {
     const std::string p = fmt::format("text_model.encoder.layers.{}.", i);
     ClipLayerWeights l;
-    l.q = linear(p + "self_attn.q_proj");
-    l.k = linear(p + "self_attn.k_proj");
-    l.v = linear(p + "self_attn.v_proj");
-    l.out = linear(p + "self_attn.out_proj");
-    l.ln1_w = tensor(p + "layer_norm1.weight");
-    l.ln1_b = tensor(p + "layer_norm1.bias");
-    l.fc1 = linear(p + "mlp.fc1");
-    l.fc2 = linear(p + "mlp.fc2");
-    l.ln2_w = tensor(p + "layer_norm2.weight");
-    l.ln2_b = tensor(p + "layer_norm2.bias");
-    w->layers.push_back(std::move(l));
+    l.k = b.linear(p + "self_attn.k_proj", h, h, biased);
+    l.v = b.linear(p + "self_attn.v_proj", h, h, biased);
+    l.q = b.linear(p + "self_attn.q_proj", h, h, biased);
+    l.out = b.linear(p + "self_attn.out_proj", h, h, biased);
+    l.ln1 = b.norm(p + "layer_norm1", h);
+    l.fc1 = b.linear(p + "mlp.fc1", c.intermediate_size, h, biased);
+    l.fc2 = b.linear(p + "mlp.fc2", h, c.intermediate_size, biased);
+    l.ln2 = b.norm(p + "layer_norm2", h);
+    w.layers.push_back(std::move(l));
   }
-  w->final_w = tensor("text_model.final_layer_norm.weight");
-  w->final_b = tensor("text_model.final_layer_norm.bias");
-  source.close();
-  m.bytes_loaded_ = loader.bytes_read() - before;
-  m.w_ = std::move(w);
+  w.final_ln = b.norm("text_model.final_layer_norm", h);
+  return w;
+}
+
+}  // namespace
+
+ModelTable ClipTextModel::table_for(const ClipTextConfig& config, const ModelOptions&) {
+  return record_table(kClass, [&](ModelBuilder& b) { declare_clip(config, b); });
+}
+
+std::unique_ptr<ClipTextModel> ClipTextModel::load(checkpoint::WeightSource& source, const nlohmann::json& config,
+                                                   const std::string& config_path, const parallel::TpContext&,
+                                                   const ModelOptions& options) {
+  auto m = std::make_unique<ClipTextModel>();
+  m->config_ = ClipTextConfig::from_json(config, config_path);
+  auto w = std::make_shared<ClipTextWeights>();
+  BuiltModel built = build_model(kClass, source, parallel::TpContext{}, {options.dtype, options.device, options.mode, {}},
+                                 [&](ModelBuilder& b) { *w = declare_clip(m->config_, b); });
+  m->table_ = std::move(built.table);
+  m->bytes_loaded_ = built.bytes_read;
+  m->w_ = std::move(w);
   return m;
 }
 
@@ -172,7 +132,7 @@ double lowest_of(c10::ScalarType t) {
 
 }  // namespace
 
-TensorMap ClipTextModel::forward(const at::Tensor& input_ids, Trace* trace) const {
+TensorMap ClipTextModel::encode(const at::Tensor& input_ids, Trace* trace) const {
   const ClipTextWeights& w = *w_;
   const ClipTextConfig& c = config_;
   at::Tensor ids = checked_input_ids(input_ids, c.vocab_size, "CLIPTextModel", true);
@@ -185,10 +145,11 @@ TensorMap ClipTextModel::forward(const at::Tensor& input_ids, Trace* trace) cons
   auto record = [&](const std::string& name, const at::Tensor& t) {
     if (trace) trace->emplace_back(name, t);
   };
-  const auto opts = w.token.options();
+  const at::Tensor token = w.token.get();
+  const auto opts = token.options();
   ids = ids.to(opts.device());
 
-  at::Tensor h = at::embedding(w.token, ids) + w.position.narrow(0, 0, S).unsqueeze(0);
+  at::Tensor h = at::embedding(token, ids) + w.position.get().narrow(0, 0, S).unsqueeze(0);
   record("hidden_states.0", h);
   // Causal mask: 0 on and below the diagonal, finfo.min above it.
   const at::Tensor mask = at::full({S, S}, lowest_of(opts.dtype().toScalarType()), opts).triu(1);
@@ -196,17 +157,17 @@ TensorMap ClipTextModel::forward(const at::Tensor& input_ids, Trace* trace) cons
   auto split_heads = [&](const at::Tensor& y) { return y.view({B, S, -1, hd}).transpose(1, 2); };
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const ClipLayerWeights& l = w.layers[i];
-    at::Tensor x = at::layer_norm(h, {H}, l.ln1_w, l.ln1_b, c.layer_norm_eps);
+    at::Tensor x = at::layer_norm(h, {H}, l.ln1.weight.get(), l.ln1.bias.get(), c.layer_norm_eps);
     at::Tensor q = split_heads(l.q.forward(x)), k = split_heads(l.k.forward(x)), v = split_heads(l.v.forward(x));
     at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) * scale + mask;
     at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
     at::Tensor attn = at::matmul(probs, v).transpose(1, 2).reshape({B, S, H});
     h = h + l.out.forward(attn);
-    x = at::layer_norm(h, {H}, l.ln2_w, l.ln2_b, c.layer_norm_eps);
+    x = at::layer_norm(h, {H}, l.ln2.weight.get(), l.ln2.bias.get(), c.layer_norm_eps);
     h = h + l.fc2.forward(hf_activation(l.fc1.forward(x), c.hidden_act));
     record(fmt::format("hidden_states.{}", i + 1), h);
   }
-  at::Tensor last = at::layer_norm(h, {H}, w.final_w, w.final_b, c.layer_norm_eps);
+  at::Tensor last = at::layer_norm(h, {H}, w.final_ln.weight.get(), w.final_ln.bias.get(), c.layer_norm_eps);
 
   // Pooling (CLIPTextTransformer.forward): legacy eos_token_id 2 -> argmax of
   // the ids; otherwise the first position holding eos_token_id.
@@ -218,5 +179,19 @@ TensorMap ClipTextModel::forward(const at::Tensor& input_ids, Trace* trace) cons
   out["pooler_output"] = pooled;
   return out;
 }
+
+TensorMap ClipTextModel::forward(const TensorMap& inputs, Trace* trace) const {
+  auto it = inputs.find("input_ids");
+  if (it == inputs.end()) throw RequestError("CLIPTextModel: input 'input_ids' is missing", true);
+  return encode(it->second, trace);
+}
+
+TensorMap ClipTextModel::example_inputs(uint64_t seed) const {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const int64_t length = std::min<int64_t>(16, config_.max_positions);
+  return {{"input_ids", at::randint(config_.vocab_size, {2, length}, gen, at::TensorOptions().dtype(at::kLong))}};
+}
+
+TPRUN_REGISTER_MODEL(ClipTextModel, ClipTextConfig);
 
 }  // namespace tprun::models

@@ -21,26 +21,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/shard_loader.h"
-#include "models/model_table.h"
-#include "models/tensor_map.h"
-
-namespace at {
-class Tensor;
-}
+#include "models/model.h"
 
 namespace tprun::checkpoint {
 class WeightSource;
 }
 
 namespace tprun::models {
-
-// Shared by ClipTextModel and T5Encoder.
-struct TextEncoderLoadOptions {
-  std::string dtype = "fp32";  // compute dtype: fp32 | bf16 | fp16
-  std::string device = "cpu";
-  checkpoint::LoadMode mode = checkpoint::LoadMode::ShardOnLoad;
-};
 
 // CLIPTextConfig fields, with transformers' defaults for those a saved config
 // omits. CheckpointError naming the file and field.
@@ -54,53 +41,42 @@ struct ClipTextConfig {
   static ClipTextConfig from_json(const nlohmann::json& config, const std::string& config_path);
 };
 
-// The table of "CLIPTextModel" (text_encoder_tables.cpp): every tensor under
-// "text_model.", all replicated; text_model.embeddings.position_ids [1, P]
-// (a buffer older checkpoints store) is optional.
-ModelTable clip_text_table(const ClipTextConfig& config);
-
-// transformers' ACT2FN by name: quick_gelu, gelu (erf), gelu_new (tanh
-// approximation, computed as NewGELUActivation), gelu_pytorch_tanh, relu,
-// silu / swish. `known_activation` tells whether a name is supported.
-bool known_activation(const std::string& name);
-at::Tensor hf_activation(const at::Tensor& x, const std::string& name);
-
-// config.json readers for the text encoders (defaults when absent or null).
-double config_number_or(const nlohmann::json& config, const std::string& field, const std::string& config_path,
-                        double fallback);
-std::string config_string_or(const nlohmann::json& config, const std::string& field,
-                             const std::string& config_path, const std::string& fallback);
-
-// input_ids checks shared by the text encoders: an integer tensor [B, S] with
-// B, S >= 1 and every id in [0, vocab_size); returns it as int64. RequestError
-// naming `model` (all_ranks: raised alike on every rank given the same ids).
-at::Tensor checked_input_ids(const at::Tensor& input_ids, int64_t vocab_size, const std::string& model,
-                             bool all_ranks);
-
 struct ClipTextWeights;  // clip_text_model.cpp
 
-class ClipTextModel {
+class ClipTextModel final : public Model {
  public:
+  static constexpr const char* kClass = "CLIPTextModel";
+
+  // The table: every tensor under "text_model.", all replicated;
+  // text_model.embeddings.position_ids [1, P] (a buffer older checkpoints
+  // store) is optional.
+  static ModelTable table_for(const ClipTextConfig& config, const ModelOptions& options = {});
+
   // Validates the checkpoint against the table (every tensor present with the
-  // table's shape) before reading any weight, then loads it whole.
-  static ClipTextModel load(checkpoint::WeightSource& source, const nlohmann::json& config,
-                            const std::string& config_path, const TextEncoderLoadOptions& options = {});
+  // table's shape) before reading any weight, then loads it whole (every rank
+  // of a TP group holds the whole model: `tp` is not used).
+  static std::unique_ptr<ClipTextModel> load(checkpoint::WeightSource& source, const nlohmann::json& config,
+                                             const std::string& config_path, const parallel::TpContext& tp = {},
+                                             const ModelOptions& options = {});
 
   // input_ids int64 [B, S] (S <= max_position_embeddings) ->
   // {"last_hidden_state" [B, S, H], "pooler_output" [B, H]} in the compute
   // dtype. RequestError for ids out of vocab, a wrong rank or S too long.
   // Trace: "hidden_states.0" (embeddings), "hidden_states.i" (output of layer
   // i-1, before final_layer_norm).
-  TensorMap forward(const at::Tensor& input_ids, Trace* trace = nullptr) const;
+  TensorMap encode(const at::Tensor& input_ids, Trace* trace = nullptr) const;
+
+  // {"input_ids"} -> encode().
+  TensorMap forward(const TensorMap& inputs, Trace* trace = nullptr) const override;
+  TensorMap example_inputs(uint64_t seed) const override;
+  std::string primary_output() const override { return "last_hidden_state"; }
 
   int64_t hidden_size() const { return config_.hidden_size; }
   int64_t max_positions() const { return config_.max_positions; }
   const ClipTextConfig& config() const { return config_; }
-  uint64_t bytes_loaded() const { return bytes_loaded_; }
 
  private:
   ClipTextConfig config_;
-  uint64_t bytes_loaded_ = 0;
   std::shared_ptr<const ClipTextWeights> w_;
 };
 

@@ -1,21 +1,21 @@
 #pragma once
-// Internal to the Flux transformer: this rank's weights of each block and the
-// block forwards (flux_blocks.cpp). Not a public API.
+// Internal to the Flux transformer: the weights of each block as the
+// construction declares them (flux_blocks.cpp) and the block forwards. Not a
+// public API.
 
-#include <memory>
+#include <string>
 #include <vector>
 
 #include "models/flux_transformer.h"
+#include "models/model_builder.h"
 #include "models/nn_ops.h"
 #include "parallel/parallel_linear.h"
 
 namespace tprun::models {
 
-using TensorPtr = std::shared_ptr<at::Tensor>;
-
 struct DoubleBlockWeights {
   parallel::ParallelLinear norm1, norm1_context;  // AdaLayerNormZero modulations
-  TensorPtr norm_q, norm_k, norm_added_q, norm_added_k;
+  parallel::Weight norm_q, norm_k, norm_added_q, norm_added_k;
   parallel::ParallelLinear to_q, to_k, to_v, add_q, add_k, add_v;  // colwise
   parallel::ParallelLinear to_out, to_add_out;                      // rowwise
   parallel::ParallelLinear ff_in, ff_out, ffc_in, ffc_out;          // colwise, rowwise
@@ -23,7 +23,7 @@ struct DoubleBlockWeights {
 
 struct SingleBlockWeights {
   parallel::ParallelLinear norm;  // AdaLayerNormZeroSingle modulation
-  TensorPtr norm_q, norm_k;
+  parallel::Weight norm_q, norm_k;
   parallel::ParallelLinear to_q, to_k, to_v, proj_mlp;  // colwise
   parallel::ParallelLinear proj_out;                    // packed rowwise [inner, mlp]
 };
@@ -37,16 +37,15 @@ struct FluxWeights {
   parallel::ParallelLinear norm_out, proj_out;
 };
 
-// Sums partial outputs over the TP group with ONE all_reduce (flattened and
-// concatenated); returns them reduced, in order. No call when tp.size == 1.
-std::vector<at::Tensor> all_reduce_coalesced(const parallel::TpContext& tp, const std::vector<at::Tensor>& partials);
+// The whole model's declarations, in diffusers' module order.
+FluxWeights declare_flux(const FluxConfig& config, bool shard_modulation, ModelBuilder& b);
 
 // Block forwards. `mod` / `mod_context`: the block's full (reduced, biased)
 // modulation vectors [B, 6*inner] (single: [B, 3*inner]).
-void double_block_forward(const DoubleBlockWeights& w, const parallel::TpContext& tp, int64_t head_dim,
-                          const at::Tensor& mod, const at::Tensor& mod_context, const nn::Rope& rope,
+void double_block_forward(const DoubleBlockWeights& w, int64_t head_dim, const at::Tensor& mod,
+                          const at::Tensor& mod_context, const nn::Rope& rope, at::Tensor& hidden,
+                          at::Tensor& encoder);
+void single_block_forward(const SingleBlockWeights& w, int64_t head_dim, const at::Tensor& mod, const nn::Rope& rope,
                           at::Tensor& hidden, at::Tensor& encoder);
-void single_block_forward(const SingleBlockWeights& w, const parallel::TpContext& tp, int64_t head_dim,
-                          const at::Tensor& mod, const nn::Rope& rope, at::Tensor& hidden, at::Tensor& encoder);
 
 }  // namespace tprun::models

@@ -3,38 +3,41 @@
 //
 // Each rank of a TP group of size p holds the colwise Q/K/V (and feed-forward
 // in) projections of heads [r H/p, (r+1) H/p) and the matching row-wise slices
-// of the output projections, as the model table plans them. Communication:
-// one AllReduce closes each colwise -> rowwise pair at the block boundary, the
-// two streams of a double block coalesced into one call (their flattened
-// partial sums concatenated):
+// of the output projections (diffusers' _tp_plan for the class):
+//   double blocks: attn.to_q/to_k/to_v, attn.add_q_proj/add_k_proj/add_v_proj,
+//                  ff.net.0.proj, ff_context.net.0.proj            colwise
+//                  attn.to_out.0, attn.to_add_out, ff.net.2,
+//                  ff_context.net.2                                 rowwise
+//   single blocks: attn.to_q/to_k/to_v, proj_mlp                    colwise
+//                  proj_out (packed [inner_dim, mlp_hidden_dim])    packed rowwise
+// Norms, embedders, norm_out and proj_out are replicated; the AdaLN
+// modulation linears (norm1.linear, norm1_context.linear, norm.linear) too,
+// unless ModelOptions::shard_modulation makes them rowwise_split_input.
+// Communication: one AllReduce closes each colwise -> rowwise pair at the block
+// boundary, the two streams of a double block coalesced into one call:
 //   double block: 1 AllReduce after attention (to_out.0 + to_add_out)
 //                 1 AllReduce after the feed-forwards (ff.net.2 + ff_context.net.2)
 //   single block: 1 AllReduce (proj_out, packed rowwise over [attn, mlp])
-//   shard_modulation: the AdaLN modulations of every block (rowwise_split_input
-//                 over silu(temb), which is the same for all blocks) are computed
-//                 up front and reduced together: 1 more AllReduce per forward.
+//   shard_modulation: the modulations of every block (rowwise_split_input over
+//                 silu(temb), the same for all blocks) are computed up front and
+//                 reduced together: 1 more AllReduce per forward.
 // So a forward issues 2 * num_layers + num_single_layers AllReduces (+1 with
-// shard_modulation), none when p == 1. Row-wise biases are added once, after
-// the reduce. Everything else (embedders, norms, norm_out, proj_out) is
-// replicated, so outputs are bitwise identical on every rank of the group.
+// shard_modulation), none when p == 1. Outputs are bitwise identical on every
+// rank of the group.
+//
+// Inputs by diffusers' forward argument names: hidden_states [B, S_img, C],
+// encoder_hidden_states [B, S_txt, joint_dim], pooled_projections [B, pooled],
+// timestep [B], img_ids [S_img, 3], txt_ids [S_txt, 3], guidance [B]
+// (required iff the model has guidance_embeds). Output: "sample".
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/shard_loader.h"
-#include "models/model_table.h"
-#include "models/tensor_map.h"
-#include "parallel/tp_context.h"
-
-namespace at {
-class Tensor;
-}
+#include "models/model.h"
 
 namespace tprun::checkpoint {
 class WeightSource;
@@ -53,54 +56,41 @@ struct FluxConfig {
   static FluxConfig from_json(const nlohmann::json& config, const std::string& config_path);
 };
 
-struct FluxLoadOptions {
-  std::string dtype = "fp32";  // compute dtype: fp32 | bf16 | fp16
-  std::string device = "cpu";
-  checkpoint::LoadMode mode = checkpoint::LoadMode::ShardOnLoad;
-  bool shard_modulation = false;  // AdaLN modulation linears rowwise_split_input
-};
-
-
-// Inputs by diffusers' forward argument names: hidden_states [B, S_img, C],
-// encoder_hidden_states [B, S_txt, joint_dim], pooled_projections [B, pooled],
-// timestep [B], img_ids [S_img, 3], txt_ids [S_txt, 3], guidance [B]
-// (required iff the model has guidance_embeds).
-
 // Intermediates in execution order, named as the reference's debug file
 // ("x_embedder", "transformer_blocks.0.hidden_states", ..., "proj_out").
 using FluxTrace = Trace;
 
 struct FluxWeights;  // flux_blocks.h
 
-class FluxTransformer {
+class FluxTransformer final : public Model {
  public:
-  // Validates (above), then loads this rank's slices through a ShardLoader.
-  static FluxTransformer load(checkpoint::WeightSource& source, const nlohmann::json& config,
-                              const std::string& config_path, const parallel::TpContext& tp,
-                              const FluxLoadOptions& options = {});
+  static constexpr const char* kClass = "FluxTransformer2DModel";
+
+  // The table the construction records (no checkpoint is read).
+  static ModelTable table_for(const FluxConfig& config, const ModelOptions& options = {});
+  // Validates the table against `source` before any weight byte is read,
+  // then loads this rank's slices.
+  static std::unique_ptr<FluxTransformer> load(checkpoint::WeightSource& source, const nlohmann::json& config,
+                                               const std::string& config_path, const parallel::TpContext& tp,
+                                               const ModelOptions& options = {});
 
   // `sample` [B, S_img, patch^2 * out_channels] in the compute dtype.
   // RequestError naming the input for a missing or mis-shaped input (raised
   // alike on every rank that gets the same inputs).
-  at::Tensor forward(const TensorMap& inputs, FluxTrace* trace = nullptr) const;
+  at::Tensor run(const TensorMap& inputs, FluxTrace* trace = nullptr) const;
 
-  // AllReduces one forward issues on the TP communicator (see above).
-  int64_t all_reduces_per_forward() const;
+  TensorMap forward(const TensorMap& inputs, Trace* trace = nullptr) const override;
+  TensorMap example_inputs(uint64_t seed) const override;
+  std::string primary_output() const override { return "sample"; }
+  // See above: 2 * num_layers + num_single_layers (+1 with shard_modulation), 0 at tp 1.
+  int64_t all_reduces_per_forward() const override;
 
   const FluxConfig& config() const { return config_; }
-  const parallel::TpContext& tp() const { return tp_; }
-  uint64_t bytes_loaded() const { return bytes_loaded_; }
 
  private:
   FluxConfig config_;
-  parallel::TpContext tp_;
   bool shard_modulation_ = false;
-  uint64_t bytes_loaded_ = 0;
   std::shared_ptr<const FluxWeights> w_;
 };
-
-// The component's config.json: from an HDF5 checkpoint's attribute or the
-// folder's config.json; `config_path` receives a name for messages.
-nlohmann::json read_component_config(const std::string& path, std::string* config_path);
 
 }  // namespace tprun::models

@@ -10,31 +10,9 @@
 #include "runtime/error.h"
 
 namespace tprun::models {
-namespace {
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-// The module's last name component: "text_model.embeddings.token_embedding".
-std::string last_module(const std::string& name) {
-  std::string module = name.substr(0, name.rfind('.'));
-  const size_t dot = module.rfind('.');
-  return dot == std::string::npos ? module : module.substr(dot + 1);
-}
-
-bool is_embedding_table(const TensorSpec& spec) {
-  if (!ends_with(spec.name, ".weight") || spec.shape.size() != 2) return false;
-  const std::string m = last_module(spec.name);
-  return m == "shared" || m == "embed_tokens" || m == "relative_attention_bias" || ends_with(m, "_embedding") ||
-         ends_with(m, "_embeddings");
-}
-
-}  // namespace
-
 InitDistribution init_distribution(const TensorSpec& spec) {
-  if (ends_with(spec.name, ".bias")) return {0.0, 0.05};
-  if (is_embedding_table(spec)) return {0.0, 0.02};
+  if (spec.kind == TensorKind::Bias) return {0.0, 0.05};
+  if (spec.kind == TensorKind::Embedding) return {0.0, 0.02};
   if (spec.shape.size() >= 2) {
     double fan_in = 1.0;
     for (size_t i = 1; i < spec.shape.size(); ++i) fan_in *= static_cast<double>(spec.shape[i]);

@@ -1,12 +1,12 @@
 #pragma once
 // Random weights for a model table, seeded, the way the reference cases were
 // made (shared/ref/README.md "Weights"), so activations stay O(1):
-//   - embeddings (token / position embeddings, T5's shared and relative
-//     attention bias tables): N(0, 0.02)
+//   - embedding tables (TensorKind::Embedding: token / position embeddings,
+//     T5's shared and relative attention bias tables): N(0, 0.02)
 //   - other weights with ndim >= 2: N(0, clamp(1/sqrt(fan_in), 0.02, 0.2)),
 //     fan_in = prod(shape[1:]) (in_ch * kh * kw for convolutions)
 //   - 1-D weights (LayerNorm, GroupNorm, RMSNorm scales): N(1, 0.1)
-//   - biases: N(0, 0.05)
+//   - biases (TensorKind::Bias, norms' too): N(0, 0.05)
 // Normals come from a CPU at::Generator (mt19937) seeded with the seed: two
 // 53-bit uniforms per pair of normals (Box-Muller in double, then float), in
 // table order, so a seed gives the same bytes on any machine and torch build.

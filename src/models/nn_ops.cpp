@@ -12,19 +12,18 @@
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/outer.h>
 #include <ATen/ops/pow.h>
-#include <ATen/ops/rsqrt.h>
+#include <ATen/ops/rms_norm.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/sin.h>
 #include <ATen/ops/stack.h>
 
+#include "parallel/matmul_trace.h"
+
 namespace tprun::models::nn {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  at::Tensor xf = x.to(at::kFloat);
-  at::Tensor var = xf.pow(2).mean({-1}, /*keepdim=*/true);
-  at::Tensor y = (xf * at::rsqrt(var + eps)).to(x.scalar_type());
-  return y * weight;
+  return at::rms_norm(x, {x.size(-1)}, weight, eps);
 }
 
 at::Tensor layer_norm(const at::Tensor& x, double eps) {
@@ -73,7 +72,10 @@ at::Tensor apply_rope(const at::Tensor& x, const Rope& rope) {
   return out.to(x.scalar_type());
 }
 
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t tp_share) {
+  const int64_t batch = q.size(0) * q.size(1), s_q = q.size(2), s_k = k.size(2), d = q.size(3);
+  parallel::MatmulRecorder::record({batch, s_q, d, s_k, false, tp_share});  // Q K^T
+  parallel::MatmulRecorder::record({batch, s_q, s_k, v.size(3), false, tp_share});  // P V
   return at::scaled_dot_product_attention(q, k, v);
 }
 

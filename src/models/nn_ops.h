@@ -14,8 +14,9 @@ class Tensor;
 
 namespace tprun::models::nn {
 
-// torch.nn.RMSNorm as diffusers' reference computes it: in fp32,
-// x * rsqrt(mean(x^2, -1) + eps), cast back to x's dtype, then * weight.
+// torch.nn.RMSNorm over the last dim (what diffusers' Flux attention uses):
+// torch's own kernel, which for 16-bit inputs computes
+// x * rsqrt(mean(x^2, -1) + eps) * weight in fp32 and casts back once.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // LayerNorm over the last dim without affine parameters.
@@ -44,6 +45,8 @@ Rope rope_frequencies(const at::Tensor& ids, const std::vector<int64_t>& axes_di
 at::Tensor apply_rope(const at::Tensor& x, const Rope& rope);
 
 // Scaled dot-product attention over [B, H, S, D], scale 1/sqrt(D), no mask.
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+// `tp_share`: the TP group size when H is this rank's share of the heads
+// (for parallel/matmul_trace.h's FLOP count).
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t tp_share = 1);
 
 }  // namespace tprun::models::nn

@@ -7,6 +7,7 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/clamp.h>
@@ -15,6 +16,7 @@
 #include <ATen/ops/isinf.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/randint.h>
 #include <ATen/ops/rsqrt.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/where.h>
@@ -23,8 +25,10 @@
 
 #include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
-#include "dist/communicator.h"
-#include "models/flux_transformer.h"  // validate_tp_plan (generic over ModelTable)
+#include "models/model_builder.h"
+#include "models/model_config.h"
+#include "models/model_registry.h"
+#include "models/text_encoder_common.h"
 #include "parallel/parallel_linear.h"
 #include "runtime/error.h"
 
@@ -96,68 +100,80 @@ at::Tensor t5_relative_position_bucket(const at::Tensor& rel, bool bidirectional
 // ---- weights --------------------------------------------------------------
 
 struct T5BlockWeights {
-  at::Tensor ln_attn, ln_ff;                  // [d_model]
-  parallel::ParallelLinear q, k, v, o;       // colwise x3, rowwise
-  parallel::ParallelLinear wi_0, wi_1, wo;   // colwise (wi_0 is `wi` when not gated), rowwise
+  parallel::Weight ln_attn, ln_ff;          // [d_model]
+  parallel::ParallelLinear q, k, v, o;      // colwise x3, rowwise
+  parallel::ParallelLinear wi_0, wi_1, wo;  // colwise (wi_0 is `wi` when not gated), rowwise
 };
 
 struct T5Weights {
-  at::Tensor shared;         // [vocab, d_model], replicated
-  at::Tensor relative_bias;  // [buckets, H], whole on every rank
+  parallel::Weight shared;         // [vocab, d_model], replicated
+  parallel::Weight relative_bias;  // [buckets, H], whole on every rank
   std::vector<T5BlockWeights> blocks;
-  at::Tensor final_ln;
+  parallel::Weight final_ln;
 };
 
-T5Encoder T5Encoder::load(checkpoint::WeightSource& source, const nlohmann::json& config,
-                          const std::string& config_path, const parallel::TpContext& tp,
-                          const TextEncoderLoadOptions& options) {
-  T5Encoder m;
-  m.config_ = T5Config::from_json(config, config_path);
-  m.tp_ = tp;
-  const ModelTable table = t5_encoder_table(m.config_);
-  // Before any weight byte: tp divides num_heads, shapes, split dims.
-  validate_tp_plan(table, source, tp.size);
-  parallel::check_tp_context(tp);
+namespace {
 
-  checkpoint::LoadOptions lopts{options.mode, options.device, options.dtype};
-  checkpoint::ShardLoader loader(source, lopts);
-  // transformers keeps DenseReluDense.wo in fp32 when the model is fp16.
-  const bool wo_fp32 =
-      !options.dtype.empty() && checkpoint::parse_compute_dtype(options.dtype, "dtype") == at::kHalf;
-  checkpoint::LoadOptions wo_opts = lopts;
-  if (wo_fp32) wo_opts.dtype = "fp32";
-  checkpoint::ShardLoader wo_loader(source, wo_opts);
+// transformers keeps DenseReluDense.wo in fp32 when the model is fp16
+// (T5PreTrainedModel._keep_in_fp32_modules).
+bool wo_in_fp32(const std::string& dtype) {
+  return !dtype.empty() && checkpoint::parse_compute_dtype(dtype, "dtype") == at::kHalf;
+}
 
-  const uint64_t before = loader.bytes_read();
-  auto tensor = [&](const std::string& name) { return loader.load(name, table.request(name, tp.rank, tp.size)); };
-  auto linear = [&](checkpoint::ShardLoader& l, const std::string& prefix) {
-    return parallel::ParallelLinear::load(l, prefix, table.request(prefix + ".weight", tp.rank, tp.size), false, {});
-  };
-  auto w = std::make_shared<T5Weights>();
-  w->shared = tensor("shared.weight");
-  for (int64_t i = 0; i < m.config_.layers; ++i) {
+// Names and module order as the state_dict (what save_pretrained stores).
+T5Weights declare_t5(const T5Config& c, const std::string& dtype, ModelBuilder& b) {
+  const int64_t d = c.d_model, inner = c.inner();
+  const LinearDecl col = LinearDecl::colwise();
+  const LinearDecl wo = LinearDecl::rowwise().in_dtype(wo_in_fp32(dtype) ? "fp32" : "");
+  b.tp_divides("num_heads", c.heads);
+  T5Weights w;
+  w.shared = b.tensor("shared.weight", {c.vocab_size, d}, TensorKind::Embedding);
+  // Tied to shared.weight; save_pretrained drops it, older files may keep it.
+  b.unused("encoder.embed_tokens.weight", {c.vocab_size, d}, TensorKind::Embedding);
+  for (int64_t i = 0; i < c.layers; ++i) {
     const std::string p = fmt::format("encoder.block.{}.layer.", i);
-    T5BlockWeights b;
-    b.q = linear(loader, p + "0.SelfAttention.q");
-    b.k = linear(loader, p + "0.SelfAttention.k");
-    b.v = linear(loader, p + "0.SelfAttention.v");
-    b.o = linear(loader, p + "0.SelfAttention.o");
-    if (i == 0) w->relative_bias = tensor(p + "0.SelfAttention.relative_attention_bias.weight");
-    b.ln_attn = tensor(p + "0.layer_norm.weight");
-    if (m.config_.gated) {
-      b.wi_0 = linear(loader, p + "1.DenseReluDense.wi_0");
-      b.wi_1 = linear(loader, p + "1.DenseReluDense.wi_1");
-    } else {
-      b.wi_0 = linear(loader, p + "1.DenseReluDense.wi");
+    T5BlockWeights blk;
+    blk.q = b.linear(p + "0.SelfAttention.q", inner, d, col);
+    blk.k = b.linear(p + "0.SelfAttention.k", inner, d, col);
+    blk.v = b.linear(p + "0.SelfAttention.v", inner, d, col);
+    blk.o = b.linear(p + "0.SelfAttention.o", d, inner, LinearDecl::rowwise());
+    if (i == 0) {
+      w.relative_bias = b.tensor(p + "0.SelfAttention.relative_attention_bias.weight", {c.num_buckets, c.heads},
+                                 TensorKind::Embedding);
     }
-    b.wo = linear(wo_loader, p + "1.DenseReluDense.wo");
-    b.ln_ff = tensor(p + "1.layer_norm.weight");
-    w->blocks.push_back(std::move(b));
+    blk.ln_attn = b.tensor(p + "0.layer_norm.weight", {d}, TensorKind::Norm);
+    if (c.gated) {
+      blk.wi_0 = b.linear(p + "1.DenseReluDense.wi_0", c.d_ff, d, col);
+      blk.wi_1 = b.linear(p + "1.DenseReluDense.wi_1", c.d_ff, d, col);
+    } else {
+      blk.wi_0 = b.linear(p + "1.DenseReluDense.wi", c.d_ff, d, col);
+    }
+    blk.wo = b.linear(p + "1.DenseReluDense.wo", d, c.d_ff, wo);
+    blk.ln_ff = b.tensor(p + "1.layer_norm.weight", {d}, TensorKind::Norm);
+    w.blocks.push_back(std::move(blk));
   }
-  w->final_ln = tensor("encoder.final_layer_norm.weight");
-  source.close();
-  m.bytes_loaded_ = loader.bytes_read() - before;
-  m.w_ = std::move(w);
+  w.final_ln = b.tensor("encoder.final_layer_norm.weight", {d}, TensorKind::Norm);
+  return w;
+}
+
+}  // namespace
+
+ModelTable T5Encoder::table_for(const T5Config& config, const ModelOptions& options) {
+  return record_table(kClass, [&](ModelBuilder& b) { declare_t5(config, options.dtype, b); });
+}
+
+std::unique_ptr<T5Encoder> T5Encoder::load(checkpoint::WeightSource& source, const nlohmann::json& config,
+                                           const std::string& config_path, const parallel::TpContext& tp,
+                                           const ModelOptions& options) {
+  auto m = std::make_unique<T5Encoder>();
+  m->config_ = T5Config::from_json(config, config_path);
+  m->tp_ = tp;
+  auto w = std::make_shared<T5Weights>();
+  BuiltModel built = build_model(kClass, source, tp, {options.dtype, options.device, options.mode, {}},
+                                 [&](ModelBuilder& b) { *w = declare_t5(m->config_, options.dtype, b); });
+  m->table_ = std::move(built.table);
+  m->bytes_loaded_ = built.bytes_read;
+  m->w_ = std::move(w);
   return m;
 }
 
@@ -183,35 +199,26 @@ at::Tensor clamp_fp16(const at::Tensor& h) {
   return at::clamp(h, -v, v);
 }
 
-// Sums a rowwise layer's partial output over the TP group (no call at tp 1).
-at::Tensor reduce(const parallel::TpContext& tp, const at::Tensor& partial) {
-  if (tp.size == 1) return partial;
-  if (!tp.comm) throw Error(Error::Kind::Internal, "tp > 1 without a communicator");
-  at::Tensor buf = partial.contiguous();
-  tp.comm->all_reduce(buf);
-  return buf;
-}
-
 }  // namespace
 
-at::Tensor T5Encoder::forward(const at::Tensor& input_ids, Trace* trace) const {
+at::Tensor T5Encoder::encode(const at::Tensor& input_ids, Trace* trace) const {
   const T5Weights& w = *w_;
   const T5Config& c = config_;
   auto record = [&](const std::string& name, const at::Tensor& t) {
     if (trace) trace->emplace_back(name, t);
   };
-  at::Tensor ids = checked_input_ids(input_ids, c.vocab_size, "T5EncoderModel", true).to(w.shared.device());
+  at::Tensor ids = checked_input_ids(input_ids, c.vocab_size, "T5EncoderModel", true).to(w.shared.get().device());
   const int64_t B = ids.size(0), L = ids.size(1);
   const int64_t local_heads = c.heads / tp_.size;
 
-  at::Tensor h = at::embedding(w.shared, ids);
+  at::Tensor h = at::embedding(w.shared.get(), ids);
   record("hidden_states.0", h);
   // Block 0's relative position bias, shared by every block: [1, H, L, L].
   at::Tensor position = at::arange(L, ids.options());
   at::Tensor bucket = t5_relative_position_bucket(position.unsqueeze(0) - position.unsqueeze(1), /*bidirectional=*/true,
                                                   c.num_buckets, c.max_distance);
   record("relative_position_bucket", bucket);
-  at::Tensor bias = at::embedding(w.relative_bias, bucket).permute({2, 0, 1}).unsqueeze(0);
+  at::Tensor bias = at::embedding(w.relative_bias.get(), bucket).permute({2, 0, 1}).unsqueeze(0);
   record("position_bias", bias);
   if (tp_.size > 1) bias = bias.narrow(1, tp_.rank * local_heads, local_heads);  // this rank's heads
 
@@ -219,25 +226,39 @@ at::Tensor T5Encoder::forward(const at::Tensor& input_ids, Trace* trace) const {
   for (size_t i = 0; i < w.blocks.size(); ++i) {
     const T5BlockWeights& b = w.blocks[i];
     // Self-attention, this rank's heads; no 1/sqrt(d) scaling in T5.
-    at::Tensor x = t5_layer_norm(h, b.ln_attn, c.layer_norm_eps);
+    at::Tensor x = t5_layer_norm(h, b.ln_attn.get(), c.layer_norm_eps);
     at::Tensor q = split_heads(b.q.forward(x)), k = split_heads(b.k.forward(x)), v = split_heads(b.v.forward(x));
     at::Tensor scores = at::matmul(q, k.transpose(3, 2)) + bias;
     at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(scores.scalar_type());
     at::Tensor attn = at::matmul(probs, v).transpose(1, 2).reshape({B, L, -1});
-    h = clamp_fp16(h + reduce(tp_, b.o.forward(attn)));
+    h = clamp_fp16(h + b.o.forward(attn));
     // Feed-forward.
-    x = t5_layer_norm(h, b.ln_ff, c.layer_norm_eps);
+    x = t5_layer_norm(h, b.ln_ff.get(), c.layer_norm_eps);
     at::Tensor ff = hf_activation(b.wi_0.forward(x), c.act);
     if (c.gated) ff = ff * b.wi_1.forward(x);
-    const auto wo_type = b.wo.weights().weight->scalar_type();
+    const auto wo_type = b.wo.weight().get().scalar_type();
     if (ff.scalar_type() != wo_type) ff = ff.to(wo_type);
-    h = clamp_fp16(h + reduce(tp_, b.wo.forward(ff)));
+    h = clamp_fp16(h + b.wo.forward(ff));
     record(fmt::format("block_output.{}", i), h);
     if (i + 1 < w.blocks.size()) record(fmt::format("hidden_states.{}", i + 1), h);
   }
-  h = t5_layer_norm(h, w.final_ln, c.layer_norm_eps);
+  h = t5_layer_norm(h, w.final_ln.get(), c.layer_norm_eps);
   record(fmt::format("hidden_states.{}", w.blocks.size()), h);
   return h;
 }
+
+TensorMap T5Encoder::forward(const TensorMap& inputs, Trace* trace) const {
+  auto it = inputs.find("input_ids");
+  if (it == inputs.end()) throw RequestError("T5EncoderModel: input 'input_ids' is missing", true);
+  return {{"last_hidden_state", encode(it->second, trace)}};
+}
+
+TensorMap T5Encoder::example_inputs(uint64_t seed) const {
+  // Seeded token ids of the config's vocabulary: batch 2 x 16 tokens.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return {{"input_ids", at::randint(config_.vocab_size, {2, 16}, gen, at::TensorOptions().dtype(at::kLong))}};
+}
+
+TPRUN_REGISTER_MODEL(T5Encoder, T5Config);
 
 }  // namespace tprun::models

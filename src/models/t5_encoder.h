@@ -37,14 +37,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/clip_text_model.h"  // TextEncoderLoadOptions, hf_activation
-#include "models/model_table.h"
-#include "models/tensor_map.h"
-#include "parallel/tp_context.h"
-
-namespace at {
-class Tensor;
-}
+#include "models/model.h"
 
 namespace tprun::checkpoint {
 class WeightSource;
@@ -66,19 +59,6 @@ struct T5Config {
   static T5Config from_json(const nlohmann::json& config, const std::string& config_path);
 };
 
-// The T5 encoder's tensor-parallel plan: colwise
-// encoder.block.*.layer.0.SelfAttention.q/k/v and layer.1.DenseReluDense.wi_0 /
-// wi_1 (wi when not gated), rowwise SelfAttention.o and DenseReluDense.wo.
-TpPlan t5_tp_plan(bool gated_act = true);
-
-// The table of "T5EncoderModel" (text_encoder_tables.cpp), plan applied:
-// shared.weight [vocab, d_model] (encoder.embed_tokens.weight, the same tied
-// tensor, optional), per block q/k/v [H*d_kv, d_model], o [d_model, H*d_kv],
-// relative_attention_bias [buckets, H] in block 0 only, the layer norms,
-// wi_0/wi_1 (or wi) [d_ff, d_model], wo [d_model, d_ff];
-// encoder.final_layer_norm. num_attention_heads = num_heads.
-ModelTable t5_encoder_table(const T5Config& config);
-
 // T5Attention._relative_position_bucket on an int64 tensor of key - query
 // positions: int64 buckets in [0, num_buckets), with transformers' fp32 log.
 at::Tensor t5_relative_position_bucket(const at::Tensor& relative_position, bool bidirectional,
@@ -86,14 +66,25 @@ at::Tensor t5_relative_position_bucket(const at::Tensor& relative_position, bool
 
 struct T5Weights;  // t5_encoder.cpp
 
-class T5Encoder {
+class T5Encoder final : public Model {
  public:
+  static constexpr const char* kClass = "T5EncoderModel";
+
+  // The table (plan applied): shared.weight [vocab, d_model]
+  // (encoder.embed_tokens.weight, the same tied tensor, optional), per block
+  // q/k/v [H*d_kv, d_model] colwise, o [d_model, H*d_kv] rowwise,
+  // relative_attention_bias [buckets, H] in block 0 only, the layer norms,
+  // wi_0/wi_1 (or wi) [d_ff, d_model] colwise, wo [d_model, d_ff] rowwise
+  // (kept in fp32 when options.dtype is fp16); encoder.final_layer_norm. tp must
+  // divide num_heads.
+  static ModelTable table_for(const T5Config& config, const ModelOptions& options = {});
+
   // Validates the plan before reading any weight (tp divides num_heads,
   // every tensor present with the table's shape, split dims divide by tp),
-  // then loads this rank's slices through a ShardLoader.
-  static T5Encoder load(checkpoint::WeightSource& source, const nlohmann::json& config,
-                        const std::string& config_path, const parallel::TpContext& tp,
-                        const TextEncoderLoadOptions& options = {});
+  // then loads this rank's slices.
+  static std::unique_ptr<T5Encoder> load(checkpoint::WeightSource& source, const nlohmann::json& config,
+                                         const std::string& config_path, const parallel::TpContext& tp,
+                                         const ModelOptions& options = {});
 
   // input_ids int64 [B, S] -> last_hidden_state [B, S, d_model] (after
   // final_layer_norm) in the compute dtype; identical on every rank of the TP
@@ -102,21 +93,20 @@ class T5Encoder {
   // "position_bias" [1, H, L, L] (all heads), "block_output.i",
   // "hidden_states.i" (0 < i < layers: output of block i-1),
   // "hidden_states.<layers>" (final_layer_norm output).
-  at::Tensor forward(const at::Tensor& input_ids, Trace* trace = nullptr) const;
+  at::Tensor encode(const at::Tensor& input_ids, Trace* trace = nullptr) const;
 
-  // AllReduces one forward issues on the TP communicator: 2 per block when
-  // tp > 1 (attention o, feed-forward wo), 0 at tp 1.
-  int64_t all_reduces_per_forward() const;
+  // {"input_ids"} -> {"last_hidden_state"}.
+  TensorMap forward(const TensorMap& inputs, Trace* trace = nullptr) const override;
+  TensorMap example_inputs(uint64_t seed) const override;
+  std::string primary_output() const override { return "last_hidden_state"; }
+  // 2 per block when tp > 1 (attention o, feed-forward wo), 0 at tp 1.
+  int64_t all_reduces_per_forward() const override;
 
   int64_t d_model() const { return config_.d_model; }
   const T5Config& config() const { return config_; }
-  const parallel::TpContext& tp() const { return tp_; }
-  uint64_t bytes_loaded() const { return bytes_loaded_; }
 
  private:
   T5Config config_;
-  parallel::TpContext tp_;
-  uint64_t bytes_loaded_ = 0;
   std::shared_ptr<const T5Weights> w_;
 };
 

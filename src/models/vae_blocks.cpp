@@ -19,46 +19,43 @@ namespace {
 
 constexpr double kEps = 1e-6;  // resnet_eps / norm eps of diffusers' Encoder and Decoder
 
-TensorPtr load_one(checkpoint::ShardLoader& loader, const std::string& name) {
-  return std::make_shared<at::Tensor>(loader.load(name, checkpoint::ShardRequest{}));
-}
-
 }  // namespace
 
-Affine load_affine(checkpoint::ShardLoader& loader, const std::string& prefix) {
-  return {load_one(loader, prefix + ".weight"), load_one(loader, prefix + ".bias")};
-}
-
-ResnetWeights load_resnet(checkpoint::ShardLoader& loader, const std::string& prefix, bool has_shortcut) {
+ResnetWeights declare_resnet(ModelBuilder& b, const std::string& prefix, int64_t in, int64_t out) {
   ResnetWeights r;
-  r.norm1 = load_affine(loader, prefix + ".norm1");
-  r.conv1 = load_affine(loader, prefix + ".conv1");
-  r.norm2 = load_affine(loader, prefix + ".norm2");
-  r.conv2 = load_affine(loader, prefix + ".conv2");
-  r.has_shortcut = has_shortcut;
-  if (has_shortcut) r.conv_shortcut = load_affine(loader, prefix + ".conv_shortcut");
+  r.norm1 = b.norm(prefix + ".norm1", in);
+  r.conv1 = b.conv2d(prefix + ".conv1", out, in, 3);
+  r.norm2 = b.norm(prefix + ".norm2", out);
+  r.conv2 = b.conv2d(prefix + ".conv2", out, out, 3);
+  r.has_shortcut = in != out;
+  if (r.has_shortcut) r.conv_shortcut = b.conv2d(prefix + ".conv_shortcut", out, in, 1);
   return r;
 }
 
-AttentionWeights load_attention(checkpoint::ShardLoader& loader, const std::string& prefix) {
+AttentionWeights declare_attention(ModelBuilder& b, const std::string& prefix, int64_t ch) {
   AttentionWeights a;
-  a.group_norm = load_affine(loader, prefix + ".group_norm");
-  const Affine q = load_affine(loader, prefix + ".to_q");
-  const Affine k = load_affine(loader, prefix + ".to_k");
-  const Affine v = load_affine(loader, prefix + ".to_v");
-  // One GEMM for Q, K and V: rows [0,C) are Q, [C,2C) K, [2C,3C) V.
-  a.qkv.weight = std::make_shared<at::Tensor>(at::cat({*q.weight, *k.weight, *v.weight}, 0));
-  a.qkv.bias = std::make_shared<at::Tensor>(at::cat({*q.bias, *k.bias, *v.bias}, 0));
-  a.to_out = load_affine(loader, prefix + ".to_out.0");
+  a.group_norm = b.norm(prefix + ".group_norm", ch);
+  a.to_q = b.linear(prefix + ".to_q", ch, ch, LinearDecl::replicated().with_bias());
+  a.to_k = b.linear(prefix + ".to_k", ch, ch, LinearDecl::replicated().with_bias());
+  a.to_v = b.linear(prefix + ".to_v", ch, ch, LinearDecl::replicated().with_bias());
+  a.to_out = b.linear(prefix + ".to_out.0", ch, ch, LinearDecl::replicated().with_bias());
   return a;
 }
 
+MidBlockWeights declare_mid_block(ModelBuilder& b, const std::string& prefix, int64_t ch, bool attention) {
+  MidBlockWeights mid;
+  if (attention) mid.attentions.push_back(declare_attention(b, prefix + ".attentions.0", ch));
+  mid.resnets.push_back(declare_resnet(b, prefix + ".resnets.0", ch, ch));
+  mid.resnets.push_back(declare_resnet(b, prefix + ".resnets.1", ch, ch));
+  return mid;
+}
+
 at::Tensor conv2d(const at::Tensor& x, const Affine& w, int64_t stride, int64_t padding) {
-  return at::conv2d(x, *w.weight, *w.bias, {stride, stride}, {padding, padding});
+  return at::conv2d(x, w.weight.get(), w.bias.get(), {stride, stride}, {padding, padding});
 }
 
 at::Tensor group_norm(const at::Tensor& x, const Affine& w, int64_t groups) {
-  return at::group_norm(x, groups, *w.weight, *w.bias, kEps);
+  return at::group_norm(x, groups, w.weight.get(), w.bias.get(), kEps);
 }
 
 namespace {
@@ -84,11 +81,12 @@ at::Tensor attention_forward(const AttentionWeights& w, const at::Tensor& x, int
   const int64_t b = x.size(0), c = x.size(1), hgt = x.size(2), wid = x.size(3);
   // GroupNorm over channels of [B, C, H, W] equals diffusers' norm of [B, C, H*W].
   at::Tensor tokens = group_norm(x, w.group_norm, groups).reshape({b, c, hgt * wid}).transpose(1, 2);  // [B, N, C]
-  at::Tensor qkv = at::linear(tokens, *w.qkv.weight, *w.qkv.bias);                                     // [B, N, 3C]
-  auto parts = qkv.unsqueeze(1).chunk(3, -1);  // one head: [B, 1, N, C] each
+  // One head of all channels: [B, 1, N, C] each.
+  at::Tensor q = w.to_q.forward(tokens).unsqueeze(1), k = w.to_k.forward(tokens).unsqueeze(1),
+             v = w.to_v.forward(tokens).unsqueeze(1);
   // softmax(Q K^T / sqrt(C)) V without materialising Q K^T where the backend can.
-  at::Tensor attn = at::scaled_dot_product_attention(parts[0], parts[1], parts[2]).squeeze(1);  // [B, N, C]
-  at::Tensor out = at::linear(attn, *w.to_out.weight, *w.to_out.bias);
+  at::Tensor attn = at::scaled_dot_product_attention(q, k, v).squeeze(1);  // [B, N, C]
+  at::Tensor out = w.to_out.forward(attn);
   // residual_connection, rescale_output_factor 1 (x first: the sum keeps x's NCHW layout).
   return x + out.transpose(1, 2).reshape({b, c, hgt, wid});
 }

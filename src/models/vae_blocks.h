@@ -5,24 +5,16 @@
 // unets/unet_2d_blocks.py, attention_processor.py). Not a public API.
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "checkpoint/shard_loader.h"
+#include "models/model_builder.h"
 
 namespace at {
 class Tensor;
 }
 
 namespace tprun::models {
-
-using TensorPtr = std::shared_ptr<at::Tensor>;
-
-// nn.Conv2d / nn.GroupNorm / nn.Linear parameters (weight and bias).
-struct Affine {
-  TensorPtr weight, bias;
-};
 
 // ResnetBlock2D (time_embedding_norm "default", no temb, output_scale 1):
 // out = shortcut(x) + conv2(silu(norm2(conv1(silu(norm1(x)))))),
@@ -36,8 +28,7 @@ struct ResnetWeights {
 // residual_connection, rescale_output_factor 1) over the H*W tokens.
 struct AttentionWeights {
   Affine group_norm;
-  Affine qkv;  // to_q, to_k, to_v concatenated on the output dim: [3C, C], [3C]
-  Affine to_out;
+  parallel::ParallelLinear to_q, to_k, to_v, to_out;
 };
 
 // UNetMidBlock2D: resnets[0], then (attentions[i]?, resnets[i+1]).
@@ -68,10 +59,11 @@ struct VaeWeights {
   Affine quant_conv, post_quant_conv;  // weight null when absent
 };
 
-// Reads module `prefix`'s ".weight" and ".bias" (replicated).
-Affine load_affine(checkpoint::ShardLoader& loader, const std::string& prefix);
-ResnetWeights load_resnet(checkpoint::ShardLoader& loader, const std::string& prefix, bool has_shortcut);
-AttentionWeights load_attention(checkpoint::ShardLoader& loader, const std::string& prefix);
+// Declarations (module order as diffusers' state_dict).
+ResnetWeights declare_resnet(ModelBuilder& b, const std::string& prefix, int64_t in, int64_t out);
+AttentionWeights declare_attention(ModelBuilder& b, const std::string& prefix, int64_t channels);
+// UNetMidBlock2D: attentions.0 (when `attention`), resnets.0, resnets.1.
+MidBlockWeights declare_mid_block(ModelBuilder& b, const std::string& prefix, int64_t channels, bool attention);
 
 // Forwards. `groups` = norm_num_groups; eps 1e-6 throughout (as diffusers' VAE).
 at::Tensor conv2d(const at::Tensor& x, const Affine& w, int64_t stride = 1, int64_t padding = 1);

@@ -14,6 +14,7 @@
 #include "models/autoencoder_kl.h"
 #include "models/clip_text_model.h"
 #include "models/flux_transformer.h"
+#include "models/model_config.h"
 #include "models/t5_encoder.h"
 #include "pipelines/clip_tokenizer.h"
 #include "pipelines/flow_match_scheduler.h"
@@ -25,12 +26,6 @@ namespace tprun::pipelines {
 
 using Clock = std::chrono::steady_clock;
 
-double StageTimes::denoise_s() const {
-  double s = 0;
-  for (double x : step_s) s += x;
-  return s;
-}
-
 struct FluxPipeline::Impl {
   std::string folder;
   std::string dtype_name;
@@ -38,10 +33,10 @@ struct FluxPipeline::Impl {
   c10::Device device{c10::kCPU};
   parallel::TpContext tp;
   FlowMatchSchedulerConfig scheduler;
-  std::optional<models::FluxTransformer> transformer;
-  std::optional<models::ClipTextModel> clip;
-  std::optional<models::T5Encoder> t5;
-  std::optional<models::AutoencoderKL> vae;
+  std::unique_ptr<models::FluxTransformer> transformer;
+  std::unique_ptr<models::ClipTextModel> clip;
+  std::unique_ptr<models::T5Encoder> t5;
+  std::unique_ptr<models::AutoencoderKL> vae;
   std::unique_ptr<ClipTokenizer> tokenizer;
   std::unique_ptr<T5Tokenizer> tokenizer_2;
   int64_t vae_scale_factor = kFluxVaeScaleFactor;
@@ -67,10 +62,10 @@ nlohmann::json component_config(const checkpoint::PipelineComponent& c, std::str
   return models::read_component_config(c.path, path);
 }
 
-void need_shape(const models::TensorMap& given, const std::string& name, const std::vector<int64_t>& shape,
+void need_shape(const GenerationRequest& r, const std::string& name, const std::vector<int64_t>& shape,
                 const std::string& meaning) {
-  auto it = given.find(name);
-  if (it == given.end()) return;
+  if (!r.has_given(name)) return;
+  auto it = r.given->find(name);
   const auto got = it->second.sizes().vec();
   bool ok = got.size() == shape.size();
   for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || got[i] == shape[i];
@@ -83,16 +78,28 @@ void need_shape(const models::TensorMap& given, const std::string& name, const s
   }
 }
 
+// FluxPipeline.__call__'s defaults.
+GenerationRequest flux_defaults(int64_t vae_scale_factor) {
+  GenerationRequest d;
+  d.height = d.width = 128 * vae_scale_factor;  // default_sample_size * vae_scale_factor
+  d.steps = 28;
+  d.guidance = 3.5;
+  d.true_cfg_scale = 1.0;
+  d.max_sequence_length = 512;
+  return d;
+}
+
+// `r` with defaults applied.
 bool do_true_cfg(const GenerationRequest& r) {
   const bool has_neg = r.negative_prompt.has_value() ||
-                       (r.given.count("negative_prompt_embeds") && r.given.count("negative_pooled_prompt_embeds"));
-  return r.true_cfg_scale > 1.0 && has_neg;
+                       (r.has_given("negative_prompt_embeds") && r.has_given("negative_pooled_prompt_embeds"));
+  return *r.true_cfg_scale > 1.0 && has_neg;
 }
 
 }  // namespace
 
-FluxPipeline FluxPipeline::load(const std::string& folder, const parallel::TpContext& tp,
-                                const PipelineLoadOptions& options) {
+std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, const parallel::TpContext& tp,
+                                                 const PipelineOptions& options) {
   auto impl = std::make_shared<Impl>();
   impl->folder = folder;
   impl->dtype_name = options.dtype;
@@ -103,9 +110,6 @@ FluxPipeline FluxPipeline::load(const std::string& folder, const parallel::TpCon
     throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
   }
   const auto pf = checkpoint::open_pipeline_folder(folder);
-  if (pf.cls != "FluxPipeline") {
-    spdlog::warn("{}: model_index.json _class_name is '{}'; running it as a FluxPipeline", folder, pf.cls);
-  }
 
   // Configs first: every cross-component check before any weight byte is read.
   std::string tpath, vpath;
@@ -130,8 +134,8 @@ FluxPipeline FluxPipeline::load(const std::string& folder, const parallel::TpCon
   if (options.text_encoders) {
     cconf = component_config(component(pf, "text_encoder"), &cpath);
     t5conf = component_config(component(pf, "text_encoder_2"), &t5path);
-    impl->clip_hidden = models::config_int(cconf, "hidden_size", cpath);
-    impl->t5_dim = models::config_int(t5conf, "d_model", t5path);
+    impl->clip_hidden = models::ClipTextConfig::from_json(cconf, cpath).hidden_size;
+    impl->t5_dim = models::T5Config::from_json(t5conf, t5path).d_model;
     if (impl->clip_hidden != fcfg.pooled_dim) {
       throw CheckpointError(fmt::format("{}: pooled_projection_dim {} differs from the CLIP hidden_size {} ({})", tpath,
                                         fcfg.pooled_dim, impl->clip_hidden, cpath),
@@ -148,58 +152,76 @@ FluxPipeline FluxPipeline::load(const std::string& folder, const parallel::TpCon
 
   {
     auto source = checkpoint::open_weight_source(component(pf, "transformer").path, options.variant);
-    models::FluxLoadOptions o;
+    models::ModelOptions o;
     o.dtype = options.dtype;
     o.device = options.device;
     o.shard_modulation = options.shard_modulation;
-    impl->transformer.emplace(models::FluxTransformer::load(*source, tconf, tpath, tp, o));
+    impl->transformer = models::FluxTransformer::load(*source, tconf, tpath, tp, o);
     impl->bytes += impl->transformer->bytes_loaded();
   }
   if (options.text_encoders) {
-    models::TextEncoderLoadOptions o;
+    models::ModelOptions o;
     o.dtype = options.dtype;
     o.device = options.device;
     {
       auto source = checkpoint::open_weight_source(component(pf, "text_encoder").path, options.variant);
-      impl->clip.emplace(models::ClipTextModel::load(*source, cconf, cpath, o));
+      impl->clip = models::ClipTextModel::load(*source, cconf, cpath, {}, o);
       impl->bytes += impl->clip->bytes_loaded();
     }
     {
       auto source = checkpoint::open_weight_source(component(pf, "text_encoder_2").path, options.variant);
-      const parallel::TpContext t5tp = options.shard_text_encoder_2 ? tp : parallel::TpContext{};
-      impl->t5.emplace(models::T5Encoder::load(*source, t5conf, t5path, t5tp, o));
+      const parallel::TpContext t5tp = options.shard_text_encoders ? tp : parallel::TpContext{};
+      impl->t5 = models::T5Encoder::load(*source, t5conf, t5path, t5tp, o);
       impl->bytes += impl->t5->bytes_loaded();
     }
   }
   if (options.decode_on_every_rank || tp.rank == 0) {
     auto source = checkpoint::open_weight_source(component(pf, "vae").path, options.variant);
-    models::VaeLoadOptions o;
+    models::ModelOptions o;
     o.dtype = options.dtype;
     o.device = options.device;
-    o.encoder = false;
-    impl->vae.emplace(models::AutoencoderKL::load(*source, vconf, vpath, o));
+    o.part = "decoder";
+    impl->vae = models::AutoencoderKL::load(*source, vconf, vpath, {}, o);
     impl->bytes += impl->vae->bytes_loaded();
   }
-  FluxPipeline p;
-  p.impl_ = std::move(impl);
+  auto p = std::make_unique<FluxPipeline>();
+  p->impl_ = std::move(impl);
   return p;
 }
 
-void FluxPipeline::check_request(const GenerationRequest& r) const {
+GenerationRequest FluxPipeline::with_defaults(GenerationRequest r) const {
+  r.fill_from(flux_defaults(impl_->vae_scale_factor));
+  return r;
+}
+
+std::string FluxPipeline::batch_key(const GenerationRequest& request) const {
+  const GenerationRequest g = with_defaults(request);
+  return fmt::format("{}x{}/{}/{}/{}/{}/{}", *g.height, *g.width, *g.steps, *g.guidance, *g.true_cfg_scale,
+                     *g.max_sequence_length, do_true_cfg(g));
+}
+
+double FluxPipeline::cost(const GenerationRequest& request) const {
+  const GenerationRequest g = with_defaults(request);
+  return static_cast<double>(*g.height) * static_cast<double>(*g.width) * static_cast<double>(*g.steps) *
+         (do_true_cfg(g) ? 2.0 : 1.0);
+}
+
+void FluxPipeline::check_request(const GenerationRequest& request) const {
   const Impl& m = *impl_;
-  check_image_size(r.height, r.width, m.vae_scale_factor);
-  if (r.steps < 1) throw RequestError(fmt::format("steps must be at least 1, got {}", r.steps), true);
-  if (r.steps > 10000) throw RequestError(fmt::format("steps {} is beyond the limit of 10000", r.steps), true);
-  if (!std::isfinite(r.guidance)) throw RequestError("guidance must be a finite number", true);
-  if (!std::isfinite(r.true_cfg_scale)) throw RequestError("true_cfg_scale must be a finite number", true);
-  if (r.max_sequence_length < 1 || r.max_sequence_length > 512) {
+  const GenerationRequest r = with_defaults(request);
+  check_image_size(*r.height, *r.width, m.vae_scale_factor);
+  if (*r.steps < 1) throw RequestError(fmt::format("steps must be at least 1, got {}", *r.steps), true);
+  if (*r.steps > 10000) throw RequestError(fmt::format("steps {} is beyond the limit of 10000", *r.steps), true);
+  if (!std::isfinite(*r.guidance)) throw RequestError("guidance must be a finite number", true);
+  if (!std::isfinite(*r.true_cfg_scale)) throw RequestError("true_cfg_scale must be a finite number", true);
+  if (*r.max_sequence_length < 1 || *r.max_sequence_length > 512) {
     throw RequestError(
-        fmt::format("max_sequence_length must be in [1, 512] (FluxPipeline's limit), got {}", r.max_sequence_length),
+        fmt::format("max_sequence_length must be in [1, 512] (FluxPipeline's limit), got {}", *r.max_sequence_length),
         true);
   }
   const auto& c = m.transformer->config();
-  const bool embeds = r.given.count("prompt_embeds") != 0;
-  if (embeds != (r.given.count("pooled_prompt_embeds") != 0)) {
+  const bool embeds = r.has_given("prompt_embeds");
+  if (embeds != r.has_given("pooled_prompt_embeds")) {
     throw RequestError("prompt_embeds and pooled_prompt_embeds must be given together", true);
   }
   if (!embeds && !m.clip) {
@@ -207,16 +229,16 @@ void FluxPipeline::check_request(const GenerationRequest& r) const {
                                    m.folder),
                        true);
   }
-  need_shape(r.given, "prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
-  need_shape(r.given, "pooled_prompt_embeds", {1, c.pooled_dim}, "[1, pooled_projection_dim]");
-  need_shape(r.given, "negative_prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
-  need_shape(r.given, "negative_pooled_prompt_embeds", {1, c.pooled_dim}, "[1, pooled_projection_dim]");
-  need_shape(r.given, "latents", {1, image_seq_len(r.height, r.width, m.vae_scale_factor), c.in_channels},
+  need_shape(r, "prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
+  need_shape(r, "pooled_prompt_embeds", {1, c.pooled_dim}, "[1, pooled_projection_dim]");
+  need_shape(r, "negative_prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
+  need_shape(r, "negative_pooled_prompt_embeds", {1, c.pooled_dim}, "[1, pooled_projection_dim]");
+  need_shape(r, "latents", {1, image_seq_len(*r.height, *r.width, m.vae_scale_factor), c.in_channels},
              "packed latents [1, image tokens, in_channels] for this height and width");
-  if (do_true_cfg(r) && !r.given.count("negative_prompt_embeds") && !m.clip) {
+  if (do_true_cfg(r) && !r.has_given("negative_prompt_embeds") && !m.clip) {
     throw RequestError("true CFG needs negative_prompt_embeds when no text encoders are loaded", true);
   }
-  for (const auto& [name, t] : r.given) {
+  for (const auto& [name, t] : r.given ? *r.given : models::TensorMap{}) {
     static const char* known[] = {"prompt_embeds", "pooled_prompt_embeds", "negative_prompt_embeds",
                                   "negative_pooled_prompt_embeds", "latents"};
     bool ok = false;
@@ -238,28 +260,24 @@ models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t
   const auto t5_ids_vec = m.tokenizer_2->encode(prompt, max_sequence_length).input_ids;
   at::Tensor clip_ids = at::tensor(clip_ids_vec, long_opts).view({1, -1}).to(m.device);
   at::Tensor t5_ids = at::tensor(t5_ids_vec, long_opts).view({1, -1}).to(m.device);
-  auto clip_out = m.clip->forward(clip_ids);
+  auto clip_out = m.clip->encode(clip_ids);
   models::TensorMap out;
   out["pooled_prompt_embeds"] = clip_out.at("pooler_output").to(m.dtype);
-  out["prompt_embeds"] = m.t5->forward(t5_ids).to(m.dtype);
+  out["prompt_embeds"] = m.t5->encode(t5_ids).to(m.dtype);
   return out;
 }
 
-GenerationResult FluxPipeline::generate(const GenerationRequest& r, const StepCallback& on_step) const {
-  auto results = generate_batch({r}, on_step);
-  if (!results[0].error.empty()) throw RequestError(results[0].error, true);
-  return std::move(results[0]);
-}
-
-std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<GenerationRequest>& rs,
+std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<GenerationRequest>& requests,
                                                            const StepCallback& on_step) const {
-  if (rs.empty()) return {};
-  for (const auto& r : rs) check_request(r);
+  if (requests.empty()) return {};
+  std::vector<GenerationRequest> rs;
+  for (const auto& q : requests) {
+    check_request(q);
+    rs.push_back(with_defaults(q));
+  }
   const GenerationRequest& r = rs.front();
   for (const auto& o : rs) {
-    if (o.height != r.height || o.width != r.width || o.steps != r.steps || o.guidance != r.guidance ||
-        o.true_cfg_scale != r.true_cfg_scale || o.max_sequence_length != r.max_sequence_length ||
-        do_true_cfg(o) != do_true_cfg(r)) {
+    if (batch_key(o) != batch_key(r)) {
       throw Error(Error::Kind::Internal, "generate_batch: the requests of a batch must share size, steps, guidance, "
                                          "true CFG and max_sequence_length");
     }
@@ -276,21 +294,21 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
   const bool cfg_on = do_true_cfg(r);
   std::vector<at::Tensor> pe, pp, ne, np;
   for (const auto& q : rs) {
-    auto given_or = [&](const std::string& name) { return q.given.at(name).to(m.device, m.dtype); };
-    if (q.given.count("prompt_embeds")) {
+    auto given_or = [&](const std::string& name) { return q.given->at(name).to(m.device, m.dtype); };
+    if (q.has_given("prompt_embeds")) {
       pe.push_back(given_or("prompt_embeds"));
       pp.push_back(given_or("pooled_prompt_embeds"));
     } else {
-      auto e = encode_prompt(q.prompt, q.max_sequence_length);
+      auto e = encode_prompt(q.prompt, *q.max_sequence_length);
       pe.push_back(e.at("prompt_embeds"));
       pp.push_back(e.at("pooled_prompt_embeds"));
     }
     if (cfg_on) {
-      if (q.given.count("negative_prompt_embeds")) {
+      if (q.has_given("negative_prompt_embeds")) {
         ne.push_back(given_or("negative_prompt_embeds"));
         np.push_back(given_or("negative_pooled_prompt_embeds"));
       } else {
-        auto e = encode_prompt(q.negative_prompt.value_or(""), q.max_sequence_length);
+        auto e = encode_prompt(q.negative_prompt.value_or(""), *q.max_sequence_length);
         ne.push_back(e.at("prompt_embeds"));
         np.push_back(e.at("pooled_prompt_embeds"));
       }
@@ -315,24 +333,25 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
   // 2. Latents (each from its own seed), ids, schedule, guidance.
   std::vector<at::Tensor> lv;
   for (const auto& q : rs) {
-    lv.push_back(q.given.count("latents") ? q.given.at("latents").to(m.device, m.dtype)
-                                          : prepare_latents(q.seed, 1, cfg.in_channels / 4, q.height, q.width,
-                                                            m.dtype, m.device, m.vae_scale_factor));
+    lv.push_back(q.has_given("latents") ? q.given->at("latents").to(m.device, m.dtype)
+                                        : prepare_latents(q.seed, 1, cfg.in_channels / 4, *q.height, *q.width,
+                                                          m.dtype, m.device, m.vae_scale_factor));
   }
   at::Tensor latents = stack(lv, "latents");
-  const int64_t lh = latent_side(r.height, m.vae_scale_factor), lw = latent_side(r.width, m.vae_scale_factor);
+  const int64_t steps = *r.steps, height = *r.height, width = *r.width;
+  const int64_t lh = latent_side(height, m.vae_scale_factor), lw = latent_side(width, m.vae_scale_factor);
   at::Tensor img_ids = latent_image_ids(lh / 2, lw / 2, m.dtype, m.device);
   at::Tensor txt_ids = at::zeros({prompt_embeds.size(1), 3}, at::TensorOptions().dtype(m.dtype).device(m.device));
   FlowMatchEulerDiscreteScheduler scheduler(m.scheduler);
   std::optional<double> mu;
   if (m.scheduler.use_dynamic_shifting) mu = scheduler.mu_for(latents.size(1));
-  scheduler.set_timesteps(r.steps, mu);  // sigmas = linspace(1, 1/n, n), as FluxPipeline
+  scheduler.set_timesteps(steps, mu);  // sigmas = linspace(1, 1/n, n), as FluxPipeline
   models::TensorMap in;
   in["encoder_hidden_states"] = prompt_embeds;
   in["pooled_projections"] = pooled;
   in["img_ids"] = img_ids;
   in["txt_ids"] = txt_ids;
-  if (cfg.guidance) in["guidance"] = at::full({batch}, r.guidance, fopts);
+  if (cfg.guidance) in["guidance"] = at::full({batch}, *r.guidance, fopts);
   models::TensorMap neg_in;
   if (cfg_on) {
     neg_in = in;
@@ -343,39 +362,39 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
 
   // 3. Denoising.
   const auto& timesteps = scheduler.timesteps();
-  for (int64_t i = 0; i < r.steps; ++i) {
+  for (int64_t i = 0; i < steps; ++i) {
     const auto ts = Clock::now();
     at::Tensor t = at::full({batch}, timesteps[static_cast<size_t>(i)], fopts).to(latents.scalar_type()) / 1000;
     in["hidden_states"] = latents;
     in["timestep"] = t;
-    at::Tensor noise = m.transformer->forward(in);
+    at::Tensor noise = m.transformer->run(in);
     if (cfg_on) {
       neg_in["hidden_states"] = latents;
       neg_in["timestep"] = t;
-      at::Tensor neg = m.transformer->forward(neg_in);
-      noise = neg + r.true_cfg_scale * (noise - neg);
+      at::Tensor neg = m.transformer->run(neg_in);
+      noise = neg + *r.true_cfg_scale * (noise - neg);
     }
     latents = scheduler.step(noise, i, latents);
     const double secs = std::chrono::duration<double>(Clock::now() - ts).count();
     times.step_s.push_back(secs);
-    if (on_step) on_step(i, r.steps, secs);
+    if (on_step) on_step(i, steps, secs);
   }
 
   // 4. Per image: the NaN check, then decode (on the rank that holds the VAE).
   const auto td = Clock::now();
   for (int64_t b = 0; b < batch; ++b) {
     GenerationResult& out = res[static_cast<size_t>(b)];
-    out.height = r.height;
-    out.width = r.width;
+    out.height = height;
+    out.width = width;
     at::Tensor lat = batch == 1 ? latents : latents.slice(0, b, b + 1).contiguous();
     if (!at::isfinite(lat).all().item<bool>()) {
-      out.error = fmt::format("the latents hold NaN or Inf after {} steps (dtype {}); try fp32 or bf16", r.steps,
+      out.error = fmt::format("the latents hold NaN or Inf after {} steps (dtype {}); try fp32 or bf16", steps,
                               m.dtype_name);
       continue;
     }
     out.latents = std::make_shared<at::Tensor>(lat);
     if (!m.vae) continue;
-    at::Tensor z = unpack_latents(lat, r.height, r.width, m.vae_scale_factor);
+    at::Tensor z = unpack_latents(lat, height, width, m.vae_scale_factor);
     z = z / m.scaling_factor + m.shift_factor;
     // The VAE computes in fp32 when force_upcast lifts a 16-bit dtype.
     z = z.to(checkpoint::parse_compute_dtype(m.vae->compute_dtype(), "vae dtype"));
@@ -397,32 +416,17 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
   return res;
 }
 
-std::vector<std::pair<std::string, std::string>> generation_text(const GenerationRequest& r, const std::string& model,
-                                                                  const std::string& dtype) {
-  std::vector<std::pair<std::string, std::string>> t = {{"Software", fmt::format("tprun {}", TPRUN_VERSION)},
-                                                        {"prompt", r.prompt}};
-  if (r.negative_prompt) t.emplace_back("negative_prompt", *r.negative_prompt);
-  t.emplace_back("seed", std::to_string(r.seed));
-  t.emplace_back("height", std::to_string(r.height));
-  t.emplace_back("width", std::to_string(r.width));
-  t.emplace_back("steps", std::to_string(r.steps));
-  t.emplace_back("guidance", fmt::format("{}", r.guidance));
-  t.emplace_back("true_cfg_scale", fmt::format("{}", r.true_cfg_scale));
-  t.emplace_back("max_sequence_length", std::to_string(r.max_sequence_length));
-  t.emplace_back("model", model);
-  t.emplace_back("dtype", dtype);
-  return t;
-}
-
 int64_t FluxPipeline::vae_scale_factor() const { return impl_->vae_scale_factor; }
-std::vector<int64_t> FluxPipeline::packed_latent_shape(int64_t height, int64_t width) const {
+std::vector<int64_t> FluxPipeline::latent_shape(int64_t height, int64_t width) const {
   return {image_seq_len(height, width, impl_->vae_scale_factor), impl_->transformer->config().in_channels};
 }
 bool FluxPipeline::has_guidance_embeds() const { return impl_->transformer->config().guidance; }
-bool FluxPipeline::decodes() const { return impl_->vae.has_value(); }
+bool FluxPipeline::decodes() const { return impl_->vae != nullptr; }
 const std::string& FluxPipeline::folder() const { return impl_->folder; }
 const std::string& FluxPipeline::dtype() const { return impl_->dtype_name; }
 uint64_t FluxPipeline::bytes_loaded() const { return impl_->bytes; }
 int64_t FluxPipeline::transformer_all_reduces() const { return impl_->transformer->all_reduces_per_forward(); }
+
+TPRUN_REGISTER_PIPELINE(FluxPipeline);
 
 }  // namespace tprun::pipelines

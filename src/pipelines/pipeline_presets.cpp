@@ -10,7 +10,7 @@
 
 #include "checkpoint/safetensors_writer.h"
 #include "models/init_weights.h"
-#include "models/model_table.h"
+#include "models/model_registry.h"
 #include "pipelines/bpe_trainer.h"
 #include "pipelines/tokenizer_files.h"
 #include "runtime/error.h"

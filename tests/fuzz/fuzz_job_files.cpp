@@ -6,6 +6,7 @@
 // Seeds: tests/fuzz/corpus/job_files.
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "jobs/manifest.h"
@@ -19,6 +20,9 @@ namespace {
   std::abort();
 }
 
+// A field a manifest or a request sets is in range; an unset one waits for the pipeline's default.
+bool below(const std::optional<int64_t>& v, int64_t lo) { return v.has_value() && *v < lo; }
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -27,7 +31,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto m = tprun::jobs::parse_manifest_text(text, "/fuzz/job.toml");
     if (m.tp < 1 || m.dp < 0 || m.model.empty() || m.requests.empty()) bug("manifest invariants broken");
     if (!m.png && !m.hdf5 && !m.latents) bug("no output format");
-    if (m.defaults.steps < 1 || m.defaults.height < 1 || m.defaults.width < 1) bug("defaults out of range");
+    if (below(m.defaults.steps, 1) || below(m.defaults.height, 1) || below(m.defaults.width, 1)) {
+      bug("defaults out of range");
+    }
   } catch (const tprun::ConfigError& e) {
     if (std::string(e.what()).find("job.toml") == std::string::npos) bug("manifest error without the file name");
   }
@@ -39,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ++line;
     try {
       const auto r = tprun::jobs::parse_request_line(text.substr(start, nl - start), "/fuzz/r.jsonl", line, {});
-      if (r.id.empty() || r.gen.steps < 1 || r.gen.height < 1) bug("request invariants broken");
+      if (r.id.empty() || below(r.gen.steps, 1) || below(r.gen.height, 1)) bug("request invariants broken");
     } catch (const tprun::ConfigError& e) {
       if (std::string(e.what()).find("r.jsonl:") == std::string::npos) bug("request error without file:line");
     }

@@ -26,6 +26,18 @@ namespace fs = std::filesystem;
 
 fs::path case_dir() { return test::data_dir("flux_pipeline"); }
 
+// Requests hold their given tensors behind a shared pointer: these edit a copy.
+void give(GenerationRequest& r, const std::string& name, const at::Tensor& t) {
+  auto g = r.given ? *r.given : models::TensorMap{};
+  g[name] = t;
+  r.given = std::make_shared<const models::TensorMap>(std::move(g));
+}
+void take_away(GenerationRequest& r, const std::string& name) {
+  auto g = *r.given;
+  g.erase(name);
+  r.given = std::make_shared<const models::TensorMap>(std::move(g));
+}
+
 double max_abs(const at::Tensor& a, const at::Tensor& b) {
   return at::abs(a.to(at::kFloat) - b.to(at::kFloat)).max().item().toDouble();
 }
@@ -45,11 +57,11 @@ class FluxPipelineTp : public ::testing::Test {
     r.width = 32;
     r.steps = 3;
     r.guidance = 3.5;
-    r.given = inputs_;
+    r.given = std::make_shared<const models::TensorMap>(inputs_);
     return r;
   }
-  FluxPipeline load(bool every_rank_decodes = false) const {
-    PipelineLoadOptions o;
+  std::unique_ptr<FluxPipeline> load(bool every_rank_decodes = false) const {
+    PipelineOptions o;
     o.text_encoders = false;  // the reference folder has none: embeddings are inputs
     o.decode_on_every_rank = every_rank_decodes;
     return FluxPipeline::load((case_dir() / "model").string(), tp_, o);
@@ -61,11 +73,11 @@ class FluxPipelineTp : public ::testing::Test {
 
 TEST_F(FluxPipelineTp, MatchesDiffusersEndToEnd) {
   auto pipe = load();
-  EXPECT_EQ(pipe.vae_scale_factor(), 2);
-  EXPECT_TRUE(pipe.has_guidance_embeds());
-  EXPECT_EQ(pipe.decodes(), tp_.rank == 0);
+  EXPECT_EQ(pipe->vae_scale_factor(), 2);
+  EXPECT_TRUE(pipe->has_guidance_embeds());
+  EXPECT_EQ(pipe->decodes(), tp_.rank == 0);
   std::vector<int64_t> seen;
-  auto res = pipe.generate(reference_request(), [&](int64_t i, int64_t n, double) {
+  auto res = pipe->generate(reference_request(), [&](int64_t i, int64_t n, double) {
     seen.push_back(i);
     EXPECT_EQ(n, 3);
   });
@@ -96,13 +108,13 @@ TEST_F(FluxPipelineTp, TrueCfgWithEqualNegativeIsTheSame) {
   auto pipe = load();
   auto r = reference_request();
   r.true_cfg_scale = 4.0;
-  r.given["negative_prompt_embeds"] = inputs_.at("prompt_embeds");
-  r.given["negative_pooled_prompt_embeds"] = inputs_.at("pooled_prompt_embeds");
-  auto res = pipe.generate(r);
+  give(r, "negative_prompt_embeds", inputs_.at("prompt_embeds"));
+  give(r, "negative_pooled_prompt_embeds", inputs_.at("pooled_prompt_embeds"));
+  auto res = pipe->generate(r);
   EXPECT_LE(max_abs(*res.latents, expected_.at("latents")), 1e-3);
   // A different negative changes the result.
-  r.given["negative_prompt_embeds"] = inputs_.at("prompt_embeds") * 0.5;
-  auto other = pipe.generate(r);
+  give(r, "negative_prompt_embeds", inputs_.at("prompt_embeds") * 0.5);
+  auto other = pipe->generate(r);
   EXPECT_GT(max_abs(*other.latents, expected_.at("latents")), 1e-3);
 }
 
@@ -111,7 +123,7 @@ TEST_F(FluxPipelineTp, BadRequestsFailAlikeBeforeCompute) {
   auto r = reference_request();
   r.height = 30;  // not a multiple of 2 * vae_scale_factor = 4
   try {
-    pipe.generate(r);
+    pipe->generate(r);
     FAIL() << "expected a RequestError";
   } catch (const RequestError& e) {
     EXPECT_NE(std::string(e.what()).find("height 30"), std::string::npos) << e.what();
@@ -119,59 +131,59 @@ TEST_F(FluxPipelineTp, BadRequestsFailAlikeBeforeCompute) {
   }
   r = reference_request();
   r.steps = 0;
-  EXPECT_THROW(pipe.generate(r), RequestError);
+  EXPECT_THROW(pipe->generate(r), RequestError);
   r = reference_request();
-  r.given.erase("pooled_prompt_embeds");
-  EXPECT_THROW(pipe.generate(r), RequestError);  // one without the other
+  take_away(r, "pooled_prompt_embeds");
+  EXPECT_THROW(pipe->generate(r), RequestError);  // one without the other
   r = reference_request();
-  r.given["latents"] = at::zeros({1, 10, 64});
-  EXPECT_THROW(pipe.check_request(r), RequestError);
+  give(r, "latents", at::zeros({1, 10, 64}));
+  EXPECT_THROW(pipe->check_request(r), RequestError);
   r = reference_request();
-  r.given.erase("prompt_embeds");
-  r.given.erase("pooled_prompt_embeds");
-  EXPECT_THROW(pipe.check_request(r), RequestError);  // no text encoders loaded
+  take_away(r, "prompt_embeds");
+  take_away(r, "pooled_prompt_embeds");
+  EXPECT_THROW(pipe->check_request(r), RequestError);  // no text encoders loaded
   // NaN latents are a request failure, not garbage output.
   r = reference_request();
-  r.given["latents"] = at::full({1, 64, 64}, std::nan(""));
-  EXPECT_THROW(pipe.generate(r), RequestError);
+  give(r, "latents", at::full({1, 64, 64}, std::nan("")));
+  EXPECT_THROW(pipe->generate(r), RequestError);
 }
 
 TEST_F(FluxPipelineTp, BatchMatchesSingleRequestsAndIsolatesNaN) {
   auto pipe = load();
   auto a = reference_request();
   auto b = reference_request();
-  b.given["latents"] = inputs_.at("latents") * 0.5;
+  give(b, "latents", inputs_.at("latents") * 0.5);
   auto c = reference_request();
-  c.given["latents"] = at::full({1, 64, 64}, std::nan(""));
-  auto batch = pipe.generate_batch({a, b, c});
+  give(c, "latents", at::full({1, 64, 64}, std::nan("")));
+  auto batch = pipe->generate_batch({a, b, c});
   ASSERT_EQ(batch.size(), 3u);
   EXPECT_TRUE(batch[0].error.empty());
   EXPECT_TRUE(batch[1].error.empty());
   EXPECT_NE(batch[2].error.find("NaN"), std::string::npos) << "only the NaN request fails";
   EXPECT_EQ(batch[0].batch_size, 3);
   EXPECT_LE(max_abs(*batch[0].latents, expected_.at("latents")), 1e-3);
-  auto single_b = pipe.generate(b);
+  auto single_b = pipe->generate(b);
   const double d = max_abs(*batch[1].latents, *single_b.latents);
   if (tp_.rank == 0) std::printf("[pipeline] tp=%d batch of 3 vs alone: max abs diff %.3g\n", tp_.size, d);
   EXPECT_LE(d, 1e-5);
   EXPECT_EQ(batch[0].decoded(), tp_.rank == 0);
   auto mixed = reference_request();
   mixed.steps = 2;
-  EXPECT_THROW(pipe.generate_batch({a, mixed}), Error);  // one shape per batch
+  EXPECT_THROW(pipe->generate_batch({a, mixed}), Error);  // one shape per batch
 }
 
 TEST_F(FluxPipelineTp, SeededNoiseIsTheSameAtEveryTp) {
   // Without given latents the noise comes from the seed (CPU generator): the
   // result must not depend on tp; compare against tp 1 computed locally.
   auto r = reference_request();
-  r.given.erase("latents");
+  take_away(r, "latents");
   r.seed = 77;
   auto pipe = load();
-  auto res = pipe.generate(r);
-  PipelineLoadOptions o;
+  auto res = pipe->generate(r);
+  PipelineOptions o;
   o.text_encoders = false;
   auto local = FluxPipeline::load((case_dir() / "model").string(), parallel::TpContext{}, o);
-  auto ref = local.generate(r);
+  auto ref = local->generate(r);
   EXPECT_LE(max_abs(*res.latents, *ref.latents), 1e-5);
   ASSERT_TRUE(ref.decoded());
 }

@@ -22,6 +22,8 @@
 #include "dist/comm_watchdog.h"
 #include "dist/mpi_communicator.h"
 #include "models/flux_transformer.h"
+#include "models/model_config.h"
+#include "models/model_registry.h"
 #include "runtime/error.h"
 #include "rank_checks.h"
 #include "test_data.h"
@@ -39,7 +41,8 @@ double max_abs(const at::Tensor& a, const at::Tensor& b) {
   return at::abs(a.to(at::kFloat) - b.to(at::kFloat)).max().item().toDouble();
 }
 
-FluxTransformer load_model(const fs::path& dir, const parallel::TpContext& tp, const FluxLoadOptions& opts = {}) {
+std::unique_ptr<FluxTransformer> load_model(const fs::path& dir, const parallel::TpContext& tp,
+                                            const ModelOptions& opts = {}) {
   std::string cfg_path;
   auto cfg = read_component_config(dir.string(), &cfg_path);
   auto ck = std::make_shared<const checkpoint::ComponentCheckpoint>(checkpoint::ComponentCheckpoint::open(dir.string()));
@@ -78,10 +81,10 @@ class FluxTp : public ::testing::Test {
 
 TEST_F(FluxTp, MatchesDiffusersShardedAndSingleFile) {
   for (const char* dir : {"model", "model_single"}) {
-    FluxTransformer m = load_model(data_dir() / dir, tp_);
+    auto m = load_model(data_dir() / dir, tp_);
     comm_->reset_stats();
     FluxTrace trace;
-    at::Tensor out = m.forward(inputs_, &trace);
+    at::Tensor out = m->run(inputs_, &trace);
     const uint64_t reduces = comm_->stats()[dist::CollectiveKind::AllReduce].calls;
     const double d = max_abs(out, expected_);
     if (tp_.rank == 0) std::printf("[flux] tp=%d %s fp32 max abs diff vs diffusers %.3g\n", tp_.size, dir, d);
@@ -89,18 +92,18 @@ TEST_F(FluxTp, MatchesDiffusersShardedAndSingleFile) {
     // The plan: 2 per double block + 1 per single block (none at tp 1).
     const uint64_t plan = tp_.size == 1 ? 0 : 2 * 2 + 2;
     EXPECT_EQ(reduces, plan);
-    EXPECT_EQ(static_cast<uint64_t>(m.all_reduces_per_forward()), plan);
+    EXPECT_EQ(static_cast<uint64_t>(m->all_reduces_per_forward()), plan);
     EXPECT_EQ(comm_->stats()[dist::CollectiveKind::AllGather].calls, 0u);
     expect_identical_across_ranks(out);
   }
 }
 
 TEST_F(FluxTp, ShardModulationGivesTheSameResult) {
-  FluxLoadOptions opts;
+  ModelOptions opts;
   opts.shard_modulation = true;
-  FluxTransformer m = load_model(data_dir() / "model", tp_, opts);
+  auto m = load_model(data_dir() / "model", tp_, opts);
   comm_->reset_stats();
-  at::Tensor out = m.forward(inputs_);
+  at::Tensor out = m->run(inputs_);
   const uint64_t reduces = comm_->stats()[dist::CollectiveKind::AllReduce].calls;
   const double d = max_abs(out, expected_);
   if (tp_.rank == 0) std::printf("[flux] tp=%d shard_modulation max abs diff vs diffusers %.3g\n", tp_.size, d);
@@ -119,12 +122,12 @@ TEST_F(FluxTp, HalfPrecisionWithinLooserTolerance) {
   TensorMap in = inputs_;
   in["timestep"] = at::full({1}, 0.5, in["timestep"].options());
   in["guidance"] = at::full({1}, 4.0, in["guidance"].options());
-  at::Tensor ref = load_model(data_dir() / "model", tp_).forward(in);
+  at::Tensor ref = load_model(data_dir() / "model", tp_)->run(in);
   for (auto [dtype, tol] : {std::pair<const char*, double>{"bf16", 1e-1}, {"fp16", 2e-2}}) {
-    FluxLoadOptions opts;
+    ModelOptions opts;
     opts.dtype = dtype;
-    FluxTransformer m = load_model(data_dir() / "model", tp_, opts);
-    at::Tensor out = m.forward(in);
+    auto m = load_model(data_dir() / "model", tp_, opts);
+    at::Tensor out = m->run(in);
     EXPECT_EQ(out.scalar_type(), std::string(dtype) == "bf16" ? at::kBFloat16 : at::kHalf);
     const double d = max_abs(out, ref);
     if (tp_.rank == 0) {

@@ -33,6 +33,9 @@ TEST(Hdf5Store, RanksWriteTheirOwnRequests) {
     reqs[i].gen.prompt = fmt::format("prompt {} \u00e9", i);
     reqs[i].gen.height = 8 + 8 * (i % 2);
     reqs[i].gen.width = 16;
+    reqs[i].gen.steps = 4;
+    reqs[i].gen.guidance = 3.5;
+    reqs[i].gen.true_cfg_scale = 1.0;
     reqs[i].gen.seed = 100 + i;
     srs.push_back({&reqs[i], 4, 8});
   }
@@ -43,7 +46,7 @@ TEST(Hdf5Store, RanksWriteTheirOwnRequests) {
     for (int i = 0; i < 5; ++i) {  // r5 "failed": never written
       written.insert(reqs[i].id);
       if (i % world != rank) continue;
-      std::vector<uint8_t> rgb(static_cast<size_t>(reqs[i].gen.height * 16 * 3));
+      std::vector<uint8_t> rgb(static_cast<size_t>(*reqs[i].gen.height * 16 * 3));
       for (size_t k = 0; k < rgb.size(); ++k) rgb[k] = static_cast<uint8_t>((k * 7 + i) % 251);
       at::Tensor lat = at::arange(32, at::kFloat).view({1, 4, 8}) + i;
       store.write(reqs[i].id, rgb, lat);
@@ -60,7 +63,7 @@ TEST(Hdf5Store, RanksWriteTheirOwnRequests) {
     for (int i = 0; i < 5; ++i) {
       hid_t d = H5Dopen2(f, ("images/" + reqs[i].id).c_str(), H5P_DEFAULT);
       ASSERT_GE(d, 0);
-      std::vector<uint8_t> got(static_cast<size_t>(reqs[i].gen.height * 16 * 3));
+      std::vector<uint8_t> got(static_cast<size_t>(*reqs[i].gen.height * 16 * 3));
       ASSERT_GE(H5Dread(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, got.data()), 0);
       for (size_t k = 0; k < got.size(); ++k) ASSERT_EQ(got[k], static_cast<uint8_t>((k * 7 + i) % 251)) << i;
       uint64_t seed = 0;

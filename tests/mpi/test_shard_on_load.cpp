@@ -15,7 +15,7 @@
 #include "checkpoint/shard_loader.h"
 #include "dist/comm_watchdog.h"
 #include "dist/mpi_communicator.h"
-#include "models/model_table.h"
+#include "models/model_registry.h"
 #include "test_data.h"
 
 namespace tprun::checkpoint {
@@ -35,7 +35,7 @@ TEST(ShardOnLoad, SlicesGatherBackToTheReferenceTensors) {
   SafetensorsSource src_mine(ck), src_all(ck);
   ShardLoader mine(src_mine, {}), whole(src_all, {});
   std::vector<LoadItem> items;
-  for (const auto& spec : table->tensors) items.push_back({spec.name, table->request(spec.name, comm.rank(), tp)});
+  for (const auto& spec : table->tensors) items.push_back(LoadItem{spec.name, table->request(spec.name, comm.rank(), tp)});
   auto parts = mine.load_many(items);
   uint64_t expected_bytes = 0;
   for (size_t i = 0; i < items.size(); ++i) {

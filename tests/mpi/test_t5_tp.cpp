@@ -18,7 +18,7 @@
 #include "checkpoint/weight_source.h"
 #include "dist/comm_watchdog.h"
 #include "dist/mpi_communicator.h"
-#include "models/flux_transformer.h"  // read_component_config
+#include "models/model_config.h"  // read_component_config
 #include "models/t5_encoder.h"
 #include "rank_checks.h"
 #include "test_data.h"
@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 
 fs::path data_dir() { return test::data_dir("t5_encoder"); }
 
-T5Encoder load_t5(const parallel::TpContext& tp, const TextEncoderLoadOptions& opts = {}) {
+std::unique_ptr<T5Encoder> load_t5(const parallel::TpContext& tp, const ModelOptions& opts = {}) {
   const fs::path dir = data_dir() / "text_encoder_2";
   std::string cfg_path;
   auto cfg = read_component_config(dir.string(), &cfg_path);
@@ -55,25 +55,25 @@ class T5Tp : public ::testing::Test {
 };
 
 TEST_F(T5Tp, MatchesTransformersAtTpEqualWorld) {
-  T5Encoder m = load_t5(tp_);
-  const T5Encoder whole = load_t5(parallel::TpContext{});  // local, unsharded
+  auto m = load_t5(tp_);
+  const auto whole = load_t5(parallel::TpContext{});  // local, unsharded
   if (tp_.size > 1) {
-    EXPECT_LT(m.bytes_loaded(), whole.bytes_loaded()) << "rank " << tp_.rank;
+    EXPECT_LT(m->bytes_loaded(), whole->bytes_loaded()) << "rank " << tp_.rank;
   } else {
-    EXPECT_EQ(m.bytes_loaded(), whole.bytes_loaded());
+    EXPECT_EQ(m->bytes_loaded(), whole->bytes_loaded());
   }
   comm_->reset_stats();
-  at::Tensor out = m.forward(ids_);
+  at::Tensor out = m->encode(ids_);
   const uint64_t reduces = comm_->stats()[dist::CollectiveKind::AllReduce].calls;
   const double d = at::abs(out - expected_).max().item<double>();
   if (tp_.rank == 0) {
     std::printf("[t5] tp=%d max abs diff vs transformers %.3g; rank 0 read %llu of %llu bytes; %llu AllReduces\n",
-                tp_.size, d, static_cast<unsigned long long>(m.bytes_loaded()),
-                static_cast<unsigned long long>(whole.bytes_loaded()), static_cast<unsigned long long>(reduces));
+                tp_.size, d, static_cast<unsigned long long>(m->bytes_loaded()),
+                static_cast<unsigned long long>(whole->bytes_loaded()), static_cast<unsigned long long>(reduces));
   }
   EXPECT_LE(d, 1e-4) << "rank " << tp_.rank;
   const uint64_t plan = tp_.size == 1 ? 0 : 2 * 2;  // 2 blocks
-  EXPECT_EQ(static_cast<uint64_t>(m.all_reduces_per_forward()), plan);
+  EXPECT_EQ(static_cast<uint64_t>(m->all_reduces_per_forward()), plan);
   EXPECT_EQ(reduces, plan);
   EXPECT_EQ(comm_->stats()[dist::CollectiveKind::AllGather].calls, 0u);
   expect_identical_across_ranks(out);
@@ -82,11 +82,11 @@ TEST_F(T5Tp, MatchesTransformersAtTpEqualWorld) {
 // Half precision at tp = world against the local fp32 forward (bf16 1e-1,
 // fp16 2e-2 on O(1) outputs); identical across the group.
 TEST_F(T5Tp, HalfPrecisionSharded) {
-  const at::Tensor ref = load_t5(parallel::TpContext{}).forward(ids_);
+  const at::Tensor ref = load_t5(parallel::TpContext{})->encode(ids_);
   for (auto [dtype, tol] : {std::pair<const char*, double>{"bf16", 1e-1}, {"fp16", 2e-2}}) {
-    TextEncoderLoadOptions o;
+    ModelOptions o;
     o.dtype = dtype;
-    at::Tensor out = load_t5(tp_, o).forward(ids_);
+    at::Tensor out = load_t5(tp_, o)->encode(ids_);
     const double d = at::abs(out.to(at::kFloat) - ref).max().item<double>();
     if (tp_.rank == 0) std::printf("[t5] tp=%d %s max abs diff vs fp32 %.3g\n", tp_.size, dtype, d);
     EXPECT_LE(d, tol) << dtype;

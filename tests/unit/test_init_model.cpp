@@ -19,7 +19,7 @@
 #include "checkpoint/pipeline_folder.h"
 #include "checkpoint/safetensors_header.h"
 #include "models/init_weights.h"
-#include "models/model_table.h"
+#include "models/model_registry.h"
 #include "pipelines/pipeline_presets.h"
 #include "pipelines/bpe_trainer.h"
 #include "pipelines/clip_text_clean.h"
@@ -266,15 +266,17 @@ TEST(FluxPresets, MismatchesAreConfigErrors) {
   expect_error(bad, "axes_dims_rope");
 }
 
-models::TensorSpec spec(const std::string& name, std::vector<int64_t> shape, bool optional = false) {
+models::TensorSpec spec(const std::string& name, std::vector<int64_t> shape, bool optional = false,
+                        models::TensorKind kind = models::TensorKind::Linear) {
   models::TensorSpec s;
   s.name = name;
   s.shape = std::move(shape);
   s.optional = optional;
+  s.kind = kind;
   return s;
 }
 
-TEST(InitWeights, RulesByNameAndShape) {
+TEST(InitWeights, RulesByKindAndShape) {
   using models::init_distribution;
   auto std_of = [](const models::TensorSpec& s) { return init_distribution(s).std; };
   auto mean_of = [](const models::TensorSpec& s) { return init_distribution(s).mean; };
@@ -282,14 +284,23 @@ TEST(InitWeights, RulesByNameAndShape) {
   EXPECT_DOUBLE_EQ(std_of(spec("a.proj.weight", {64, 4})), 0.2);       // clamped up
   EXPECT_DOUBLE_EQ(std_of(spec("a.proj.weight", {64, 10000})), 0.02);  // clamped down
   EXPECT_DOUBLE_EQ(std_of(spec("conv_in.weight", {8, 4, 3, 3})), 1.0 / 6);  // fan_in = 4*3*3
-  EXPECT_DOUBLE_EQ(std_of(spec("x.to_q.bias", {64})), 0.05);
-  EXPECT_DOUBLE_EQ(mean_of(spec("x.to_q.bias", {64})), 0.0);
-  EXPECT_DOUBLE_EQ(mean_of(spec("encoder.layers.0.layer_norm1.weight", {64})), 1.0);
-  EXPECT_DOUBLE_EQ(std_of(spec("attn.norm_q.weight", {16})), 0.1);
-  EXPECT_DOUBLE_EQ(std_of(spec("text_model.embeddings.token_embedding.weight", {900, 32})), 0.02);
-  EXPECT_DOUBLE_EQ(std_of(spec("shared.weight", {704, 32})), 0.02);
-  EXPECT_DOUBLE_EQ(std_of(spec("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", {32, 4})),
+  using models::TensorKind;
+  EXPECT_DOUBLE_EQ(std_of(spec("x.to_q.bias", {64}, false, TensorKind::Bias)), 0.05);
+  EXPECT_DOUBLE_EQ(mean_of(spec("x.to_q.bias", {64}, false, TensorKind::Bias)), 0.0);
+  EXPECT_DOUBLE_EQ(mean_of(spec("encoder.layers.0.layer_norm1.weight", {64}, false, TensorKind::Norm)), 1.0);
+  EXPECT_DOUBLE_EQ(std_of(spec("attn.norm_q.weight", {16}, false, TensorKind::Norm)), 0.1);
+  EXPECT_DOUBLE_EQ(std_of(spec("text_model.embeddings.token_embedding.weight", {900, 32}, false,
+                               TensorKind::Embedding)),
                    0.02);
+  EXPECT_DOUBLE_EQ(std_of(spec("shared.weight", {704, 32}, false, TensorKind::Embedding)), 0.02);
+  // The kinds come from the model's own declarations:
+  const auto t5 = models::model_table_for(
+      {{"architectures", {"T5EncoderModel"}}, {"d_model", 32}, {"num_layers", 1}, {"num_heads", 4}, {"d_kv", 8},
+       {"d_ff", 64}, {"vocab_size", 704}, {"feed_forward_proj", "gated-gelu"}},
+      "t5/config.json");
+  EXPECT_DOUBLE_EQ(std_of(*t5->find("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight")), 0.02);
+  EXPECT_DOUBLE_EQ(std_of(*t5->find("shared.weight")), 0.02);
+  EXPECT_DOUBLE_EQ(mean_of(*t5->find("encoder.final_layer_norm.weight")), 1.0);
   // A Linear inside an "embedder" is not an embedding table.
   EXPECT_DOUBLE_EQ(std_of(spec("time_text_embed.timestep_embedder.linear_1.weight", {32, 256})), 1.0 / 16);
 }
@@ -297,7 +308,8 @@ TEST(InitWeights, RulesByNameAndShape) {
 TEST(InitWeights, SeededNormalsWithTheRightMoments) {
   models::ModelTable table;
   table.cls = "Test";
-  table.tensors = {spec("lin.weight", {128, 256}), spec("lin.bias", {4001}), spec("norm.weight", {4001}),
+  table.tensors = {spec("lin.weight", {128, 256}), spec("lin.bias", {4001}, false, models::TensorKind::Bias),
+                   spec("norm.weight", {4001}, false, models::TensorKind::Norm),
                    spec("extra.weight", {3, 3}, /*optional=*/true)};
   const auto a = models::random_tensors(table, 7), b = models::random_tensors(table, 7),
              c = models::random_tensors(table, 8);

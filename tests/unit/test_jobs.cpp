@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "jobs/job_runner.h"
+#include "jobs/job_schedule.h"
 #include "jobs/manifest.h"
 #include "jobs/merge_results.h"
 #include "jobs/request_list.h"
@@ -73,7 +74,7 @@ TEST_F(JobFiles, ManifestParsesAndResolvesPaths) {
   EXPECT_EQ(m.dp, 2);
   EXPECT_EQ(m.defaults.steps, 4);
   EXPECT_EQ(m.defaults.seed, 42u);
-  EXPECT_DOUBLE_EQ(m.defaults.guidance, 3.5);  // default
+  EXPECT_FALSE(m.defaults.guidance.has_value());  // unset: the pipeline's default
   EXPECT_TRUE(m.png);
   EXPECT_NO_THROW(check_paths(m));
 }
@@ -121,7 +122,7 @@ TEST_F(JobFiles, ManifestErrorsNameFileLineAndKey) {
 }
 
 TEST_F(JobFiles, RequestsApplyDefaultsAndOverrides) {
-  GenerationDefaults d;
+  pipelines::GenerationRequest d;
   d.steps = 4;
   d.seed = 9;
   d.negative_prompt = "ugly";
@@ -144,8 +145,8 @@ TEST_F(JobFiles, RequestsApplyDefaultsAndOverrides) {
   EXPECT_EQ(rs[1].gen.seed, 5u);
   EXPECT_TRUE(rs[1].seed_given);
   EXPECT_EQ(rs[1].gen.height, 32);
-  EXPECT_FALSE(rs[1].gen.negative_prompt.has_value());
-  EXPECT_GT(rs[0].cost(), rs[1].cost());
+  EXPECT_FALSE(rs[1].gen.negative_prompt.has_value());  // "" overrides the manifest's default
+  EXPECT_FALSE(rs[0].gen.height.has_value());           // neither sets it: the pipeline's default
 }
 
 TEST_F(JobFiles, RequestErrorsNameLineAndField) {
@@ -270,6 +271,43 @@ TEST_F(JobFiles, MergeResultsLinksOutputsAndRefusesDoubleDone) {
   const auto e = error_of([&] { merge_results({a, b, c}, (dir_ / "merged2").string()); });
   EXPECT_NE(e.find("request 'z' is done in both"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(dir_ / "merged2" / "results.jsonl"));
+}
+
+TEST(Schedule, BatchesFormInIdOrderAndSpreadByCost) {
+  std::vector<JobRequest> rs(7);
+  const char* ids[] = {"g", "b", "e", "a", "d", "c", "f"};
+  for (size_t i = 0; i < rs.size(); ++i) {
+    rs[i].id = ids[i];
+    rs[i].gen.steps = rs[i].id < "d" ? 4 : 8;  // a b c: key 4; d e f g: key 8
+  }
+  std::vector<const JobRequest*> todo;
+  for (const auto& r : rs) todo.push_back(&r);
+  auto key = [](const JobRequest& r) -> std::optional<std::string> {
+    if (r.id == "f") return std::nullopt;  // refused: alone
+    return std::to_string(*r.gen.steps);
+  };
+  auto units = make_units(todo, 2, key);
+  std::vector<std::string> got;
+  for (const auto& u : units) {
+    std::string s;
+    for (const JobRequest* r : u) s += r->id;
+    got.push_back(s);
+  }
+  EXPECT_EQ(got, (std::vector<std::string>{"ab", "c", "de", "f", "g"}));
+  // Reversed input order: the same units.
+  std::reverse(todo.begin(), todo.end());
+  EXPECT_EQ(make_units(todo, 2, key).size(), units.size());
+  EXPECT_EQ(make_units(todo, 1, key).size(), 7u);
+
+  // LPT over two replicas by cost (steps): de(16) f(8) g(8) ab(8) c(4).
+  auto per = assign_units(units, 2, [](const JobRequest& r) { return static_cast<double>(*r.gen.steps); });
+  double load[2] = {0, 0};
+  for (int k = 0; k < 2; ++k)
+    for (const auto& u : per[static_cast<size_t>(k)])
+      for (const JobRequest* r : u) load[k] += static_cast<double>(*r->gen.steps);
+  EXPECT_EQ(load[0] + load[1], 44.0);
+  EXPECT_LE(std::max(load[0], load[1]), 24.0);  // within 4/3 of the optimum 22
+  EXPECT_EQ(per[0].front().front()->id, "d");    // the largest unit first, onto replica 0
 }
 
 }  // namespace

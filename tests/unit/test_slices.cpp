@@ -19,7 +19,7 @@
 #include "checkpoint/shard_loader.h"
 #include "checkpoint/slice_plan.h"
 #include "checkpoint/torch_dtype.h"
-#include "models/model_table.h"
+#include "models/model_registry.h"
 #include "runtime/error.h"
 #include "test_data.h"
 
@@ -175,7 +175,8 @@ TEST(FluxTable, MatchesTheDiffusersReferenceCheckpoint) {
   auto ck = ComponentCheckpoint::open(dir.string());
   auto table = models::model_table_for(ck.config(), (dir / "config.json").string());
   ASSERT_TRUE(table);
-  EXPECT_EQ(table->num_attention_heads, 4);
+  ASSERT_EQ(table->tp_divisors.size(), 1u);
+  EXPECT_EQ(table->tp_divisors[0].value, 4);
   std::set<std::string> in_table;
   for (const auto& t : table->tensors) {
     in_table.insert(t.name);

@@ -19,8 +19,8 @@
 #include "checkpoint/tensor_file.h"
 #include "checkpoint/weight_source.h"
 #include "models/clip_text_model.h"
-#include "models/flux_transformer.h"  // read_component_config
-#include "models/model_table.h"
+#include "models/model_config.h"
+#include "models/model_registry.h"
 #include "models/t5_encoder.h"
 #include "runtime/error.h"
 #include "test_data.h"
@@ -82,12 +82,12 @@ void expect_trace_matches(const Trace& trace, const fs::path& debug_file, const 
 TEST(ClipText, MatchesTransformers) {
   const fs::path dir = clip_dir();
   Component c = open_component(dir / "text_encoder");
-  ClipTextModel m = ClipTextModel::load(*c.source, c.config, c.config_path);
-  EXPECT_EQ(m.hidden_size(), 32);
-  EXPECT_EQ(m.max_positions(), 77);
-  EXPECT_GT(m.bytes_loaded(), 0u);
+  auto m = ClipTextModel::load(*c.source, c.config, c.config_path);
+  EXPECT_EQ(m->hidden_size(), 32);
+  EXPECT_EQ(m->max_positions(), 77);
+  EXPECT_GT(m->bytes_loaded(), 0u);
   Trace trace;
-  TensorMap out = m.forward(input_ids(dir), &trace);
+  TensorMap out = m->encode(input_ids(dir), &trace);
   auto expected = checkpoint::read_tensor_file((dir / "expected.safetensors").string());
   for (const char* name : {"last_hidden_state", "pooler_output"}) {
     ASSERT_TRUE(out.count(name)) << name;
@@ -117,7 +117,7 @@ TEST(ClipText, PoolingRuleFollowsEosTokenId) {
   for (int64_t eos : {int64_t{2}, probe}) {
     Component c = open_component(dir / "text_encoder");
     c.config["eos_token_id"] = eos;
-    TensorMap out = ClipTextModel::load(*c.source, c.config, c.config_path).forward(ids);
+    TensorMap out = ClipTextModel::load(*c.source, c.config, c.config_path)->encode(ids);
     const int64_t pos = eos == 2 ? argmax : first;
     EXPECT_TRUE(at::equal(out.at("pooler_output")[0], out.at("last_hidden_state")[0][pos])) << "eos " << eos;
   }
@@ -125,17 +125,17 @@ TEST(ClipText, PoolingRuleFollowsEosTokenId) {
 
 TEST(ClipText, BadIdsAreRequestErrors) {
   Component c = open_component(clip_dir() / "text_encoder");
-  ClipTextModel m = ClipTextModel::load(*c.source, c.config, c.config_path);
+  auto m = ClipTextModel::load(*c.source, c.config, c.config_path);
   at::Tensor ids = input_ids(clip_dir());
   at::Tensor bad = ids.clone();
   bad[1][5] = 914;  // vocab_size
-  EXPECT_THROW(m.forward(bad), RequestError);
+  EXPECT_THROW(m->encode(bad), RequestError);
   bad[1][5] = -1;
-  EXPECT_THROW(m.forward(bad), RequestError);
-  EXPECT_THROW(m.forward(ids[0]), RequestError);                              // rank 1
-  EXPECT_THROW(m.forward(at::cat({ids, ids}, 1)), RequestError);              // 154 > 77 positions
-  EXPECT_THROW(m.forward(ids.to(at::kFloat)), RequestError);                  // not integer
-  EXPECT_NO_THROW(m.forward(ids.narrow(1, 0, 10).to(at::kInt)));              // shorter, int32
+  EXPECT_THROW(m->encode(bad), RequestError);
+  EXPECT_THROW(m->encode(ids[0]), RequestError);                              // rank 1
+  EXPECT_THROW(m->encode(at::cat({ids, ids}, 1)), RequestError);              // 154 > 77 positions
+  EXPECT_THROW(m->encode(ids.to(at::kFloat)), RequestError);                  // not integer
+  EXPECT_NO_THROW(m->encode(ids.narrow(1, 0, 10).to(at::kInt)));              // shorter, int32
 }
 
 // A checkpoint that does not fit its config fails before any byte is read,
@@ -158,11 +158,11 @@ TEST(ClipText, WrongShapeCheckpointFailsBeforeReading) {
 TEST(T5Encoder, MatchesTransformers) {
   const fs::path dir = t5_dir();
   Component c = open_component(dir / "text_encoder_2");
-  T5Encoder m = T5Encoder::load(*c.source, c.config, c.config_path, parallel::TpContext{});
-  EXPECT_EQ(m.d_model(), 32);
-  EXPECT_EQ(m.all_reduces_per_forward(), 0);
+  auto m = T5Encoder::load(*c.source, c.config, c.config_path, parallel::TpContext{});
+  EXPECT_EQ(m->d_model(), 32);
+  EXPECT_EQ(m->all_reduces_per_forward(), 0);
   Trace trace;
-  at::Tensor out = m.forward(input_ids(dir), &trace);
+  at::Tensor out = m->encode(input_ids(dir), &trace);
   EXPECT_EQ(out.scalar_type(), at::kFloat);
   const double d =
       max_abs(out, checkpoint::read_tensor_file((dir / "expected.safetensors").string()).at("last_hidden_state"));
@@ -177,13 +177,13 @@ TEST(T5Encoder, HalfPrecisionWithinLooserTolerance) {
   const fs::path dir = t5_dir();
   at::Tensor ids = input_ids(dir);
   Component c = open_component(dir / "text_encoder_2");
-  at::Tensor ref = T5Encoder::load(*c.source, c.config, c.config_path, parallel::TpContext{}).forward(ids);
+  at::Tensor ref = T5Encoder::load(*c.source, c.config, c.config_path, parallel::TpContext{})->encode(ids);
   for (auto [dtype, tol, type] : {std::tuple<const char*, double, at::ScalarType>{"bf16", 1e-1, at::kBFloat16},
                                   {"fp16", 2e-2, at::kHalf}}) {
-    TextEncoderLoadOptions o;
+    ModelOptions o;
     o.dtype = dtype;
     Component h = open_component(dir / "text_encoder_2");
-    at::Tensor out = T5Encoder::load(*h.source, h.config, h.config_path, parallel::TpContext{}, o).forward(ids);
+    at::Tensor out = T5Encoder::load(*h.source, h.config, h.config_path, parallel::TpContext{}, o)->encode(ids);
     EXPECT_EQ(out.scalar_type(), type) << dtype;
     const double d = max_abs(out, ref);
     std::printf("[t5] %s max abs diff vs fp32 %.3g (max |out| %.3g)\n", dtype, d, at::abs(ref).max().item<double>());
@@ -196,11 +196,11 @@ TEST(T5Encoder, BadIdsAndTpThatDoesNotDivideHeads) {
   // tp 3 does not divide num_heads 4: refused before any byte is read.
   EXPECT_THROW(T5Encoder::load(*c.source, c.config, c.config_path, parallel::TpContext{0, 3, nullptr}), ConfigError);
   EXPECT_EQ(c.source->bytes_read(), 0u);
-  T5Encoder m = T5Encoder::load(*c.source, c.config, c.config_path, parallel::TpContext{});
+  auto m = T5Encoder::load(*c.source, c.config, c.config_path, parallel::TpContext{});
   at::Tensor bad = input_ids(t5_dir()).clone();
   bad[0][0] = 704;  // vocab_size
-  EXPECT_THROW(m.forward(bad), RequestError);
-  EXPECT_THROW(m.forward(bad[0]), RequestError);
+  EXPECT_THROW(m->encode(bad), RequestError);
+  EXPECT_THROW(m->encode(bad[0]), RequestError);
 }
 
 // The tables name exactly what transformers saves; the T5 plan as data.
@@ -211,7 +211,14 @@ TEST(TextEncoderTables, MatchTheStoredTensorsAndPlan) {
     auto table = model_table_for(c.config, c.config_path);
     ASSERT_TRUE(table) << cls;
     EXPECT_EQ(table->cls, cls);
-    EXPECT_EQ(table->num_attention_heads, 4);
+    if (cls == "T5EncoderModel") {
+      ASSERT_EQ(table->tp_divisors.size(), 1u);
+      EXPECT_EQ(table->tp_divisors[0].field, "num_heads");
+      EXPECT_EQ(table->tp_divisors[0].value, 4);
+    } else {
+      EXPECT_TRUE(table->tp_divisors.empty());  // replicated: no constraint
+      EXPECT_TRUE(table->tp_plan().empty());
+    }
     std::set<std::string> required, stored;
     for (const auto& t : table->tensors) {
       if (!t.optional) required.insert(t.name);

@@ -22,8 +22,8 @@
 #include "checkpoint/safetensors_writer.h"
 #include "checkpoint/tensor_file.h"
 #include "models/autoencoder_kl.h"
-#include "models/flux_transformer.h"
-#include "models/model_table.h"
+#include "models/model_config.h"
+#include "models/model_registry.h"
 #include "runtime/error.h"
 #include "test_data.h"
 
@@ -47,11 +47,11 @@ double max_abs(const at::Tensor& a, const at::Tensor& b) {
   return at::abs(a.to(at::kFloat).cpu() - b.to(at::kFloat).cpu()).max().item().toDouble();
 }
 
-AutoencoderKL load_vae(const fs::path& dir, const VaeLoadOptions& opts = {}) {
+std::unique_ptr<AutoencoderKL> load_vae(const fs::path& dir, const ModelOptions& opts = {}) {
   std::string cfg_path;
   auto cfg = read_component_config(dir.string(), &cfg_path);
   auto source = checkpoint::open_weight_source(dir.string());
-  return AutoencoderKL::load(*source, cfg, cfg_path, opts);
+  return AutoencoderKL::load(*source, cfg, cfg_path, {}, opts);
 }
 
 // Every debug tensor of `case_dir` matches the trace entry of the same name.
@@ -156,13 +156,13 @@ TEST_F(Vae, TableMatchesCheckpoint) {
 }
 
 TEST_F(Vae, DecoderMatchesDiffusers) {
-  const AutoencoderKL vae = load_vae(decoder_dir() / "model");
-  EXPECT_GT(vae.bytes_loaded(), 0u);
-  EXPECT_FALSE(vae.upcast());
+  const auto vae = load_vae(decoder_dir() / "model");
+  EXPECT_GT(vae->bytes_loaded(), 0u);
+  EXPECT_FALSE(vae->upcast());
   auto inputs = checkpoint::read_tensor_file((decoder_dir() / "inputs.safetensors").string());
   auto expected = checkpoint::read_tensor_file((decoder_dir() / "expected.safetensors").string()).at("sample");
   Trace trace;
-  const at::Tensor sample = vae.decode(inputs.at("latents"), &trace);
+  const at::Tensor sample = vae->decode(inputs.at("latents"), &trace);
   ASSERT_EQ(sample.sizes(), expected.sizes());
   EXPECT_EQ(sample.scalar_type(), at::kFloat);
   const double d = max_abs(sample, expected);
@@ -172,11 +172,11 @@ TEST_F(Vae, DecoderMatchesDiffusers) {
 }
 
 TEST_F(Vae, EncoderMatchesDiffusers) {
-  const AutoencoderKL vae = load_vae(encoder_model_dir());
+  const auto vae = load_vae(encoder_model_dir());
   auto inputs = checkpoint::read_tensor_file((encoder_dir() / "inputs.safetensors").string());
   auto expected = checkpoint::read_tensor_file((encoder_dir() / "expected.safetensors").string());
   Trace trace;
-  const TensorMap dist = vae.encode(inputs.at("image"), &trace);
+  const TensorMap dist = vae->encode(inputs.at("image"), &trace);
   for (const char* name : {"mean", "std"}) {
     ASSERT_TRUE(dist.count(name)) << name;
     ASSERT_EQ(dist.at(name).sizes(), expected.at(name).sizes()) << name;
@@ -188,26 +188,26 @@ TEST_F(Vae, EncoderMatchesDiffusers) {
 }
 
 TEST_F(Vae, LoadsOnlyTheRequestedHalf) {
-  const AutoencoderKL full = load_vae(decoder_dir() / "model");
-  VaeLoadOptions dec_only;
-  dec_only.encoder = false;
-  const AutoencoderKL dec = load_vae(decoder_dir() / "model", dec_only);
-  EXPECT_TRUE(dec.has_decoder());
-  EXPECT_FALSE(dec.has_encoder());
-  EXPECT_LT(dec.bytes_loaded(), full.bytes_loaded());
-  EXPECT_THROW(dec.encode(at::zeros({1, 3, 16, 16})), ConfigError);
+  const auto full = load_vae(decoder_dir() / "model");
+  ModelOptions dec_only;
+  dec_only.part = "decoder";
+  const auto dec = load_vae(decoder_dir() / "model", dec_only);
+  EXPECT_TRUE(dec->has_decoder());
+  EXPECT_FALSE(dec->has_encoder());
+  EXPECT_LT(dec->bytes_loaded(), full->bytes_loaded());
+  EXPECT_THROW(dec->encode(at::zeros({1, 3, 16, 16})), ConfigError);
   auto z = checkpoint::read_tensor_file((decoder_dir() / "inputs.safetensors").string()).at("latents");
-  EXPECT_TRUE(at::equal(dec.decode(z), full.decode(z)));
+  EXPECT_TRUE(at::equal(dec->decode(z), full->decode(z)));
 
-  VaeLoadOptions enc_only;
-  enc_only.decoder = false;
-  const AutoencoderKL enc = load_vae(decoder_dir() / "model", enc_only);
-  EXPECT_THROW(enc.decode(z), ConfigError);
-  EXPECT_EQ(enc.bytes_loaded() + dec.bytes_loaded(), full.bytes_loaded());
+  ModelOptions enc_only;
+  enc_only.part = "encoder";
+  const auto enc = load_vae(decoder_dir() / "model", enc_only);
+  EXPECT_THROW(enc->decode(z), ConfigError);
+  EXPECT_EQ(enc->bytes_loaded() + dec->bytes_loaded(), full->bytes_loaded());
 }
 
 TEST_F(Vae, BadInputsNameTheInput) {
-  const AutoencoderKL vae = load_vae(decoder_dir() / "model");
+  const auto vae = load_vae(decoder_dir() / "model");
   auto message = [](const std::function<void()>& f) -> std::string {
     try {
       f();
@@ -216,15 +216,15 @@ TEST_F(Vae, BadInputsNameTheInput) {
     }
     return "";
   };
-  const std::string wrong_ch = message([&] { vae.decode(at::zeros({1, 4, 8, 8})); });
+  const std::string wrong_ch = message([&] { vae->decode(at::zeros({1, 4, 8, 8})); });
   EXPECT_NE(wrong_ch.find("'z'"), std::string::npos) << wrong_ch;
   EXPECT_NE(wrong_ch.find("[B, 16, H, W]"), std::string::npos) << wrong_ch;
   EXPECT_NE(wrong_ch.find("[1, 4, 8, 8]"), std::string::npos) << wrong_ch;
-  EXPECT_NE(message([&] { vae.decode(at::zeros({16, 8, 8})); }).find("'z'"), std::string::npos);
-  const std::string img = message([&] { vae.encode(at::zeros({1, 4, 16, 16})); });
+  EXPECT_NE(message([&] { vae->decode(at::zeros({16, 8, 8})); }).find("'z'"), std::string::npos);
+  const std::string img = message([&] { vae->encode(at::zeros({1, 4, 16, 16})); });
   EXPECT_NE(img.find("'image'"), std::string::npos) << img;
   EXPECT_NE(img.find("[B, 3, H, W]"), std::string::npos) << img;
-  EXPECT_NE(message([&] { vae.encode(at::zeros({3, 16, 16})); }).find("'image'"), std::string::npos);
+  EXPECT_NE(message([&] { vae->encode(at::zeros({3, 16, 16})); }).find("'image'"), std::string::npos);
 }
 
 // bf16 with force_upcast: the VAE runs in fp32 (as diffusers' pipelines
@@ -232,26 +232,26 @@ TEST_F(Vae, BadInputsNameTheInput) {
 // it really computes in bf16 and stays close.
 TEST_F(Vae, HalfPrecision) {
   auto z = checkpoint::read_tensor_file((decoder_dir() / "inputs.safetensors").string()).at("latents");
-  const AutoencoderKL fp32 = load_vae(decoder_dir() / "model");
-  const at::Tensor ref = fp32.decode(z);
+  const auto fp32 = load_vae(decoder_dir() / "model");
+  const at::Tensor ref = fp32->decode(z);
 
-  VaeLoadOptions bf16;
+  ModelOptions bf16;
   bf16.dtype = "bf16";
-  const AutoencoderKL up = load_vae(decoder_dir() / "model", bf16);
-  EXPECT_TRUE(up.upcast());
-  EXPECT_EQ(up.compute_dtype(), "fp32");
-  const at::Tensor a = up.decode(z.to(at::kBFloat16));
+  const auto up = load_vae(decoder_dir() / "model", bf16);
+  EXPECT_TRUE(up->upcast());
+  EXPECT_EQ(up->compute_dtype(), "fp32");
+  const at::Tensor a = up->decode(z.to(at::kBFloat16));
   EXPECT_EQ(a.scalar_type(), at::kFloat);
-  EXPECT_LE(max_abs(a, fp32.decode(z.to(at::kBFloat16))), 0.0);
+  EXPECT_LE(max_abs(a, fp32->decode(z.to(at::kBFloat16))), 0.0);
 
   std::string cfg_path;
   auto cfg = read_component_config(decoder_dir() / "model", &cfg_path);
   cfg["force_upcast"] = false;
   auto source = checkpoint::open_weight_source((decoder_dir() / "model").string());
-  const AutoencoderKL half = AutoencoderKL::load(*source, cfg, cfg_path, bf16);
-  EXPECT_FALSE(half.upcast());
-  EXPECT_EQ(half.compute_dtype(), "bf16");
-  const at::Tensor b = half.decode(z);
+  const auto half = AutoencoderKL::load(*source, cfg, cfg_path, {}, bf16);
+  EXPECT_FALSE(half->upcast());
+  EXPECT_EQ(half->compute_dtype(), "bf16");
+  const at::Tensor b = half->decode(z);
   EXPECT_EQ(b.scalar_type(), at::kBFloat16);
   const double scale = at::abs(ref).max().item().toDouble();
   const double d = max_abs(b, ref);
@@ -331,20 +331,20 @@ TEST(VaeCheckpoint, MissingTensorAndSmallModelRuns) {
     }
     EXPECT_EQ(source->bytes_read(), 0u);
     // The encoder alone does not need it.
-    VaeLoadOptions enc_only;
-    enc_only.decoder = false;
-    const AutoencoderKL enc = AutoencoderKL::load(*source, cfg, "config.json", enc_only);
+    ModelOptions enc_only;
+    enc_only.part = "encoder";
+    const auto enc = AutoencoderKL::load(*source, cfg, "config.json", {}, enc_only);
     // Odd sizes: Downsample2D pads (0,1,0,1) then a 3x3 stride-2 conv: 15 -> 7, 16 -> 8.
-    const TensorMap dist = enc.encode(at::zeros({2, 3, 15, 16}));
+    const TensorMap dist = enc->encode(at::zeros({2, 3, 15, 16}));
     EXPECT_EQ(dist.at("mean").sizes(), (std::vector<int64_t>{2, 4, 7, 8}));
     EXPECT_EQ(dist.at("std").sizes(), (std::vector<int64_t>{2, 4, 7, 8}));
   }
   TempDir full;
   write_checkpoint(full.path(), cfg, "", {});
   auto source = checkpoint::open_weight_source(full.path().string());
-  const AutoencoderKL vae = AutoencoderKL::load(*source, cfg, "config.json");
+  const auto vae = AutoencoderKL::load(*source, cfg, "config.json");
   Trace trace;
-  const at::Tensor img = vae.decode(at::zeros({2, 4, 5, 6}), &trace);
+  const at::Tensor img = vae->decode(at::zeros({2, 4, 5, 6}), &trace);
   EXPECT_EQ(img.sizes(), (std::vector<int64_t>{2, 3, 10, 12}));
   ASSERT_FALSE(trace.empty());
   EXPECT_EQ(trace.front().first, "post_quant_conv");

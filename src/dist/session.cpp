@@ -1,4 +1,4 @@
-#include "runtime/session.h"
+#include "dist/session.h"
 
 #include <chrono>
 #include <exception>

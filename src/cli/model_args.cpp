@@ -1,4 +1,4 @@
-#include "cli/flux_args.h"
+#include "cli/model_args.h"
 
 #include <filesystem>
 
@@ -7,21 +7,23 @@
 #include "checkpoint/hdf5_source.h"
 #include "checkpoint/pipeline_folder.h"
 #include "checkpoint/torch_dtype.h"
-#include "cli/component_forward.h"
+#include "models/model_config.h"
+#include "models/model_registry.h"
 #include "runtime/error.h"
 
 namespace tprun::cli {
 
 namespace po = boost::program_options;
 
-void add_flux_options(po::options_description& desc, bool with_component) {
+void add_model_options(po::options_description& desc, bool with_component) {
   po::options_description m("Model");
   m.add_options()
       ("model", po::value<std::string>(), "component folder, HDF5 file, or pipeline folder (with --component)");
   if (with_component) {
     m.add_options()("component", po::value<std::string>()->default_value("transformer"),
-                    "component: transformer | text_encoder | text_encoder_2 | vae_decoder | vae_encoder (the last two read vae/); "
-                    "with a component folder it says what the folder holds");
+                    "a pipeline's component: transformer | text_encoder | text_encoder_2 | vae_decoder | "
+                    "vae_encoder (the last two read vae/ and load that half); with a component folder, "
+                    "vae_decoder / vae_encoder choose the half");
   }
   m.add_options()
       ("variant", po::value<std::string>()->default_value(""), "weights variant (fp16: *.fp16.safetensors)")
@@ -31,8 +33,8 @@ void add_flux_options(po::options_description& desc, bool with_component) {
   desc.add(m);
 }
 
-FluxArgs flux_args_from(const po::variables_map& vm) {
-  FluxArgs a;
+ModelArgs model_args_from(const po::variables_map& vm) {
+  ModelArgs a;
   if (!vm.count("model")) throw ConfigError("--model is required", true);
   a.model = vm["model"].as<std::string>();
   if (vm.count("component")) a.component = vm["component"].as<std::string>();
@@ -41,10 +43,15 @@ FluxArgs flux_args_from(const po::variables_map& vm) {
   (void)checkpoint::parse_compute_dtype(a.dtype, "--dtype");  // ConfigError naming the option
   a.shard_modulation = vm["shard-modulation"].as<bool>();
   if (!std::filesystem::exists(a.model)) throw ConfigError(fmt::format("--model {}: no such file or folder", a.model), true);
+  std::string folder = a.component;
+  if (a.component == "vae_decoder" || a.component == "vae_encoder") {
+    folder = "vae";
+    a.part = a.component == "vae_decoder" ? "decoder" : "encoder";
+  }
   a.path = a.model;
   if (checkpoint::is_pipeline_folder(a.model)) {
-    auto folder = checkpoint::open_pipeline_folder(a.model);
-    const auto* c = folder.find(component_folder(a.component));
+    auto pipeline = checkpoint::open_pipeline_folder(a.model);
+    const auto* c = pipeline.find(folder);
     if (!c) {
       throw ConfigError(fmt::format("--component {}: pipeline {} has no such component", a.component, a.model), true);
     }
@@ -53,21 +60,17 @@ FluxArgs flux_args_from(const po::variables_map& vm) {
   return a;
 }
 
-models::FluxTransformer load_flux(const FluxArgs& a, const parallel::TpContext& tp, const std::string& device) {
+std::unique_ptr<models::Model> load_component(const ModelArgs& a, const parallel::TpContext& tp,
+                                              const std::string& device) {
   std::string config_path;
   const auto config = models::read_component_config(a.path, &config_path);
-  const std::string cls = config.value("_class_name", std::string());
-  if (cls != "FluxTransformer2DModel") {
-    throw ConfigError(fmt::format("{}: _class_name is '{}'; tprun forward runs FluxTransformer2DModel only",
-                                  config_path, cls),
-                      true);
-  }
   auto source = checkpoint::open_weight_source(a.path, a.variant);
-  models::FluxLoadOptions o;
+  models::ModelOptions o;
   o.dtype = a.dtype;
   o.device = device;
   o.shard_modulation = a.shard_modulation;
-  return models::FluxTransformer::load(*source, config, config_path, tp, o);
+  o.part = a.part;
+  return models::load_model(*source, config, config_path, tp, o);
 }
 
 }  // namespace tprun::cli

@@ -1,4 +1,4 @@
-#include "runtime/guard.h"
+#include "dist/guard.h"
 
 #include <exception>
 

@@ -1,0 +1,39 @@
+#pragma once
+// Options and loading shared by `tprun forward`, `tprun verify` and `tprun
+// bench step`: which model component (a component folder, an HDF5 file, or a
+// pipeline folder plus --component), which compute dtype, and the component
+// loaded through the model registry for a TP position.
+
+#include <memory>
+#include <string>
+
+#include <boost/program_options.hpp>
+
+#include "models/model.h"
+#include "parallel/tp_context.h"
+
+namespace tprun::cli {
+
+struct ModelArgs {
+  std::string model;
+  // A pipeline's component folder ("transformer", "text_encoder", ...);
+  // "vae_decoder" / "vae_encoder" read vae/ and load that part.
+  std::string component = "transformer";
+  std::string variant;
+  std::string dtype = "fp32";
+  bool shard_modulation = false;
+  std::string path;  // resolved component path
+  std::string part;  // ModelOptions::part ("decoder" / "encoder" for the VAE halves)
+};
+
+void add_model_options(boost::program_options::options_description& desc, bool with_component);
+// ConfigError (all ranks) for a missing model, an unknown component, a bad dtype.
+ModelArgs model_args_from(const boost::program_options::variables_map& vm);
+
+// Loads the component at `tp` on `device` through the model registry
+// (validation first: errors name the tensor or the numbers). ConfigError
+// for a class tprun has no model for.
+std::unique_ptr<models::Model> load_component(const ModelArgs& args, const parallel::TpContext& tp,
+                                              const std::string& device);
+
+}  // namespace tprun::cli

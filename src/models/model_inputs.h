@@ -1,0 +1,29 @@
+#pragma once
+// Checks of a forward's named inputs, shared by the model families. Each
+// failure is a RequestError naming the input (raised alike on every rank that
+// gets the same inputs, so a bad request fails everywhere at once).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "models/tensor_map.h"
+
+namespace tprun::models {
+
+// The input `name`; with dims >= 0 it must have that many dimensions.
+at::Tensor input(const TensorMap& in, const std::string& name, int64_t dims);
+// [B, S, features] with features == `features` (`field`: the config field that sets it).
+at::Tensor sequence_input(const TensorMap& in, const std::string& name, int64_t features, const char* field);
+// Position ids [S, n] or [1, S, n] (diffusers takes [0] of a 3-D one) with
+// S == `tokens` and n >= `axes` -> [S, n].
+at::Tensor ids_input(const TensorMap& in, const std::string& name, int64_t tokens, size_t axes);
+// A per-sample scalar (timestep, guidance): [B] or one value for the batch -> 1-D.
+at::Tensor scalar_per_sample(const TensorMap& in, const std::string& name, int64_t batch);
+// True when the input is given (and defined).
+bool has_input(const TensorMap& in, const std::string& name);
+// Distilled-guidance models need input 'guidance'; the others refuse it
+// (diffusers would silently ignore either mistake).
+void check_guidance_input(const TensorMap& in, bool guidance_embeds);
+
+}  // namespace tprun::models

@@ -1,0 +1,49 @@
+#pragma once
+// One parameter as a layer holds it: this rank's slice of a stored tensor,
+// kept by a WeightStorage and handed to compute in the compute dtype on the
+// compute device. The storage is the seam where other ways of keeping weights
+// (fp8 with an up-cast per use, offload to host or disk) slot in without the
+// models knowing (vLLM's LinearMethodBase: create_weights / apply).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace at {
+class Tensor;
+}
+
+namespace tprun::parallel {
+
+class WeightStorage {
+ public:
+  virtual ~WeightStorage() = default;
+  // The tensor as compute uses it (compute dtype, compute device). Cheap for
+  // resident storage; may cast or fetch for others.
+  virtual at::Tensor get() const = 0;
+  // Bytes this storage keeps resident.
+  virtual uint64_t stored_bytes() const = 0;
+};
+
+// Keeps the tensor as given (already in the compute dtype, on the device).
+std::shared_ptr<WeightStorage> resident_storage(const at::Tensor& tensor);
+
+class Weight {
+ public:
+  Weight() = default;
+  Weight(std::string name, std::shared_ptr<WeightStorage> storage);
+
+  // False for a weight that was declared but not loaded (absent optional
+  // tensors, parts of a model a load leaves out).
+  bool defined() const { return storage_ != nullptr; }
+  // The tensor for compute; Internal error naming the weight when undefined.
+  at::Tensor get() const;
+  const std::string& name() const { return name_; }
+  uint64_t stored_bytes() const;
+
+ private:
+  std::string name_;
+  std::shared_ptr<WeightStorage> storage_;
+};
+
+}  // namespace tprun::parallel

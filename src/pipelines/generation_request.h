@@ -1,0 +1,56 @@
+#pragma once
+// One text-to-image request: what a user asks for, whether it comes from
+// `tprun generate`'s flags, a manifest's [defaults] or a line of a requests
+// file. Fields left unset take the pipeline's own default
+// (Pipeline::with_defaults: diffusers' __call__ defaults for that pipeline),
+// so there is exactly one place for defaults. Torch-free: the request parser
+// (and its fuzz target) include it.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/tensor_map.h"
+
+namespace tprun::pipelines {
+
+struct GenerationRequest {
+  std::string prompt;
+  std::optional<std::string> negative_prompt;  // used with true CFG (true_cfg_scale > 1)
+  std::optional<int64_t> height, width;        // pixels
+  std::optional<int64_t> steps;
+  std::optional<double> guidance;        // distilled guidance (models with guidance_embeds)
+  std::optional<double> true_cfg_scale;  // > 1 with a negative prompt: true classifier-free guidance
+  std::optional<int64_t> max_sequence_length;
+  uint64_t seed = 0;
+  // Tensors that replace a stage's output, by the pipeline's argument names
+  // (prompt_embeds, latents, ...; each pipeline's header lists them). Null: none.
+  std::shared_ptr<const models::TensorMap> given;
+
+  bool has_given(const std::string& name) const;  // generation_request.cpp
+
+  // Fills every unset field from `defaults` (the prompt and seed are not defaults).
+  void fill_from(const GenerationRequest& defaults) {
+    auto fill = [](auto& field, const auto& fallback) {
+      if (!field) field = fallback;
+    };
+    fill(negative_prompt, defaults.negative_prompt);
+    fill(height, defaults.height);
+    fill(width, defaults.width);
+    fill(steps, defaults.steps);
+    fill(guidance, defaults.guidance);
+    fill(true_cfg_scale, defaults.true_cfg_scale);
+    fill(max_sequence_length, defaults.max_sequence_length);
+  }
+};
+
+// A request's parameters as PNG text chunks, in this order: Software, prompt,
+// negative_prompt (when set), seed, height, width, steps, guidance,
+// true_cfg_scale, max_sequence_length, model, dtype. Unset fields are left out.
+std::vector<std::pair<std::string, std::string>> generation_text(const GenerationRequest& request,
+                                                                  const std::string& model, const std::string& dtype);
+
+}  // namespace tprun::pipelines

@@ -1,0 +1,61 @@
+#include "pipelines/pipeline.h"
+
+#include <map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "checkpoint/pipeline_folder.h"
+#include "runtime/error.h"
+
+namespace tprun::pipelines {
+namespace {
+
+std::map<std::string, PipelineLoader>& registry() {
+  static std::map<std::string, PipelineLoader> r;
+  return r;
+}
+
+}  // namespace
+
+namespace detail {
+bool register_pipeline(const char* cls, PipelineLoader loader) {
+  registry()[cls] = std::move(loader);
+  return true;
+}
+}  // namespace detail
+
+double StageTimes::denoise_s() const {
+  double s = 0;
+  for (double x : step_s) s += x;
+  return s;
+}
+
+GenerationResult Pipeline::generate(const GenerationRequest& request, const StepCallback& on_step) const {
+  auto results = generate_batch({request}, on_step);
+  if (!results[0].error.empty()) throw RequestError(results[0].error, true);
+  return std::move(results[0]);
+}
+
+std::vector<std::string> pipeline_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, loader] : registry()) names.push_back(name);
+  return names;
+}
+
+std::unique_ptr<Pipeline> load_pipeline(const std::string& folder, const parallel::TpContext& tp,
+                                        const PipelineOptions& options) {
+  if (!checkpoint::is_pipeline_folder(folder)) {
+    throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
+  }
+  const auto pf = checkpoint::open_pipeline_folder(folder);
+  auto it = registry().find(pf.cls);
+  if (it == registry().end()) {
+    throw ConfigError(fmt::format("{}/model_index.json: _class_name '{}' is not a pipeline tprun can run (known: {})",
+                                  folder, pf.cls, fmt::join(pipeline_names(), ", ")),
+                      true);
+  }
+  return it->second(folder, tp, options);
+}
+
+}  // namespace tprun::pipelines

@@ -1,0 +1,117 @@
+#pragma once
+// The interface every text-to-image pipeline offers `tprun generate` and the
+// job runner, chosen by model_index.json's "_class_name". A pipeline family
+// is its own files with one TPRUN_REGISTER_PIPELINE line in them; nothing
+// above this layer names a family.
+//
+// Contract: every rank of a TP group loads the same pipeline and runs the
+// same requests in the same order; requests are checked before any compute,
+// identically on every rank, so a bad request fails everywhere at once.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/tp_context.h"
+#include "pipelines/generation_request.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace tprun::pipelines {
+
+struct PipelineOptions {
+  std::string dtype = "fp32";  // compute dtype of every component: fp32 | bf16 | fp16
+  std::string device = "cpu";
+  std::string variant;                // weights variant ("fp16": *.fp16.safetensors)
+  bool shard_text_encoders = false;   // the text encoders that have a TP plan run over the TP group too
+  bool shard_modulation = false;      // the transformer's AdaLN modulations rowwise_split_input
+  bool text_encoders = true;          // false: requests must give prompt embeddings
+  bool decode_on_every_rank = false;  // default: TP rank 0 only loads the VAE and decodes
+};
+
+struct StageTimes {
+  double encode_s = 0;
+  std::vector<double> step_s;
+  double decode_s = 0;
+  double denoise_s() const;
+  double total_s() const { return encode_s + denoise_s() + decode_s; }
+};
+
+struct GenerationResult {
+  std::shared_ptr<at::Tensor> latents;  // final (packed) latents, compute dtype
+  std::shared_ptr<at::Tensor> image;    // [1, H, W, 3] float32 in [0, 1] on the CPU; null where not decoded
+  std::vector<uint8_t> rgb;             // H * W * 3 bytes, round(image * 255); empty where not decoded
+  int64_t height = 0, width = 0;
+  StageTimes times;        // this image's share of its batch's stage times
+  int64_t batch_size = 1;  // images generated together with this one
+  std::string error;       // generate_batch: why this image failed (NaN/Inf latents); "" = ok
+  bool decoded() const { return !rgb.empty(); }
+};
+
+// Called after each denoising step (step index, steps, seconds of that step).
+using StepCallback = std::function<void(int64_t step, int64_t steps, double seconds)>;
+
+class Pipeline {
+ public:
+  virtual ~Pipeline() = default;
+
+  // "FluxPipeline", ...
+  virtual std::string class_name() const = 0;
+  // The request with every unset field set to this pipeline's default.
+  virtual GenerationRequest with_defaults(GenerationRequest request) const = 0;
+  // RequestError naming the field (size, steps, prompt, given tensors...).
+  // Pure: no compute, no communication. Unset fields take the defaults.
+  virtual void check_request(const GenerationRequest& request) const = 0;
+  // Requests with equal keys may be denoised together (generate_batch).
+  virtual std::string batch_key(const GenerationRequest& request) const = 0;
+  // Relative cost of a request (for scheduling over replicas).
+  virtual double cost(const GenerationRequest& request) const = 0;
+  // Several requests of one batch key as one batch; each image is checked
+  // and decoded alone (an image whose latents hold NaN/Inf gets `error`
+  // set). RequestError for a bad request; internal error for mixed keys.
+  virtual std::vector<GenerationResult> generate_batch(const std::vector<GenerationRequest>& requests,
+                                                       const StepCallback& on_step = {}) const = 0;
+  // One request (a batch of one); a NaN/Inf result is a RequestError.
+  GenerationResult generate(const GenerationRequest& request, const StepCallback& on_step = {}) const;
+  // Shape [tokens, channels] of the latents generate() returns for a height x width image.
+  virtual std::vector<int64_t> latent_shape(int64_t height, int64_t width) const = 0;
+
+  virtual bool decodes() const = 0;  // this rank loads the VAE and decodes
+  virtual const std::string& folder() const = 0;
+  virtual const std::string& dtype() const = 0;
+  virtual uint64_t bytes_loaded() const = 0;
+  // AllReduces per transformer forward on the TP group.
+  virtual int64_t transformer_all_reduces() const = 0;
+};
+
+using PipelineLoader = std::function<std::unique_ptr<Pipeline>(const std::string& folder, const parallel::TpContext& tp,
+                                                               const PipelineOptions& options)>;
+
+// Loads the pipeline `folder`'s model_index.json names. ConfigError naming
+// the folder and the known classes for a folder that is not a pipeline tprun
+// has, before any weight byte is read.
+std::unique_ptr<Pipeline> load_pipeline(const std::string& folder, const parallel::TpContext& tp,
+                                        const PipelineOptions& options = {});
+std::vector<std::string> pipeline_names();
+
+namespace detail {
+bool register_pipeline(const char* cls, PipelineLoader loader);
+}
+
+}  // namespace tprun::pipelines
+
+#define TPRUN_PIPELINE_CONCAT_(a, b) a##b
+#define TPRUN_PIPELINE_CONCAT(a, b) TPRUN_PIPELINE_CONCAT_(a, b)
+// In the pipeline's own .cpp: TPRUN_REGISTER_PIPELINE(FluxPipeline); for a class
+// with `static constexpr const char* kClass` and
+// `static std::unique_ptr<P> load(const std::string&, const parallel::TpContext&, const PipelineOptions&)`.
+#define TPRUN_REGISTER_PIPELINE(P)                                                                    \
+  static const bool TPRUN_PIPELINE_CONCAT(tprun_pipeline_registered_, __LINE__) [[maybe_unused]] = \
+      ::tprun::pipelines::detail::register_pipeline(                                                  \
+          P::kClass, [](const std::string& folder, const ::tprun::parallel::TpContext& tp,             \
+                        const ::tprun::pipelines::PipelineOptions& options)                             \
+                         -> std::unique_ptr<::tprun::pipelines::Pipeline> { return P::load(folder, tp, options); })

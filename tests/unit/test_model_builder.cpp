@@ -1,0 +1,189 @@
+// The model layer: a construction declares each tensor once; the table is the
+// record of those declarations (styles, biases, plan keys, the derived TP
+// plan), a load must ask for exactly what was recorded, unknown names are
+// errors, and hostile config sizes are refused before anything is allocated.
+#include <filesystem>
+#include <fstream>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/randn.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "checkpoint/component_checkpoint.h"
+#include "checkpoint/safetensors_source.h"
+#include "checkpoint/slice_plan.h"
+#include "checkpoint/tensor_file.h"
+#include "models/model_builder.h"
+#include "models/model_registry.h"
+#include "runtime/error.h"
+
+namespace tprun::models {
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint::ShardStyle;
+
+nlohmann::json tiny_flux() {
+  return {{"_class_name", "FluxTransformer2DModel"}, {"num_attention_heads", 4}, {"attention_head_dim", 16},
+          {"num_layers", 2}, {"num_single_layers", 12}, {"in_channels", 16}, {"out_channels", nullptr},
+          {"patch_size", 1}, {"joint_attention_dim", 32}, {"pooled_projection_dim", 24},
+          {"guidance_embeds", true}, {"axes_dims_rope", {4, 6, 6}}};
+}
+
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelTable, FluxStylesBiasesAndPlanKeys) {
+  auto t = model_table_for(tiny_flux(), "config.json");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->find("transformer_blocks.1.attn.to_q.weight")->style, ShardStyle::Colwise);
+  EXPECT_EQ(t->find("transformer_blocks.1.attn.to_q.bias")->style, ShardStyle::Colwise);
+  EXPECT_EQ(t->find("transformer_blocks.1.attn.to_out.0.weight")->style, ShardStyle::Rowwise);
+  EXPECT_EQ(t->find("transformer_blocks.1.attn.to_out.0.bias")->style, ShardStyle::Replicated);
+  EXPECT_EQ(t->find("transformer_blocks.1.attn.to_out.0.bias")->plan_key, "transformer_blocks.*.attn.to_out.0");
+  // "*" stands for 11 as well as 1: whole indices, not prefixes.
+  EXPECT_EQ(t->find("single_transformer_blocks.11.proj_out.weight")->style, ShardStyle::PackedRowwise);
+  EXPECT_EQ(t->find("single_transformer_blocks.11.proj_out.weight")->blocks, (std::vector<int64_t>{64, 256}));
+  EXPECT_EQ(t->find("transformer_blocks.0.norm1.linear.weight")->style, ShardStyle::Replicated);
+  EXPECT_EQ(t->find("norm_out.linear.weight")->plan_key, "");
+  EXPECT_EQ(t->find("transformer_blocks.0.attn.norm_q.weight")->kind, TensorKind::Norm);
+  EXPECT_EQ(t->find("x_embedder.bias")->kind, TensorKind::Bias);
+  ASSERT_EQ(t->tp_divisors.size(), 1u);
+  EXPECT_EQ(t->tp_divisors[0].field, "num_attention_heads");
+
+  ModelOptions o;
+  o.shard_modulation = true;
+  auto m = model_table_for(tiny_flux(), "config.json", o);
+  EXPECT_EQ(m->find("transformer_blocks.0.norm1.linear.weight")->style, ShardStyle::RowwiseSplitInput);
+  EXPECT_EQ(m->find("transformer_blocks.0.norm1.linear.bias")->style, ShardStyle::Replicated);
+  EXPECT_EQ(m->find("single_transformer_blocks.3.norm.linear.weight")->style, ShardStyle::RowwiseSplitInput);
+}
+
+TEST(ModelTable, DerivedPlanIsDiffusersForm) {
+  auto t = model_table_for(tiny_flux(), "config.json");
+  const TpPlan plan = t->tp_plan();
+  ASSERT_EQ(plan.size(), 17u);
+  EXPECT_EQ(plan.front().pattern, "transformer_blocks.*.attn.to_q");
+  EXPECT_EQ(plan.back().pattern, "single_transformer_blocks.*.proj_out");
+  EXPECT_EQ(plan.back().style, ShardStyle::PackedRowwise);
+  EXPECT_EQ(plan.back().blocks, (std::vector<int64_t>{64, 256}));
+  EXPECT_EQ(plan_key_of("single_transformer_blocks.11.attn.to_out.0"), "single_transformer_blocks.*.attn.to_out.0");
+  EXPECT_EQ(plan_key_of("encoder.block.3.layer.1.DenseReluDense.wo"), "encoder.block.*.layer.1.DenseReluDense.wo");
+  EXPECT_EQ(plan_key_of("double_stream_modulation_img.linear"), "double_stream_modulation_img.linear");
+}
+
+TEST(ModelTable, UnknownNamesAreNeverSilentlyReplicated) {
+  auto t = model_table_for(tiny_flux(), "config.json");
+  const std::string e = error_of([&] { t->request("transformer_blocks.9.attn.to_q.weight", 0, 2); });
+  EXPECT_NE(e.find("'transformer_blocks.9.attn.to_q.weight' is not part of FluxTransformer2DModel"), std::string::npos)
+      << e;
+}
+
+TEST(ModelTable, OneKeyWithTwoStylesIsAnInternalError) {
+  const ModelTable t = record_table("Toy", [](ModelBuilder& b) {
+    b.linear("blocks.0.fc", 8, 4, LinearDecl::colwise());
+    b.linear("blocks.1.fc", 8, 4, LinearDecl::rowwise());
+  });
+  EXPECT_NE(error_of([&] { t.tp_plan(); }).find("plan key 'blocks.*.fc'"), std::string::npos);
+}
+
+TEST(ModelTable, HostileConfigSizesAreRefusedBeforeAllocation) {
+  auto c = tiny_flux();
+  c["num_single_layers"] = 2000000000;
+  EXPECT_NE(error_of([&] { model_table_for(c, "config.json"); }).find("num_single_layers"), std::string::npos);
+  c = tiny_flux();
+  c["num_attention_heads"] = int64_t{1} << 62;
+  EXPECT_NE(error_of([&] { model_table_for(c, "config.json"); }).find("num_attention_heads"), std::string::npos);
+  const std::string e = error_of([] {
+    record_table("Toy", [](ModelBuilder& b) { b.linear("huge", int64_t{1} << 31, int64_t{1} << 31); });
+  });
+  EXPECT_NE(e.find("too large"), std::string::npos) << e;
+}
+
+class BuilderLoad : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("tprun_builder_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    checkpoint::write_tensor_file_f32((dir_ / "model.safetensors").string(),
+                                      {{"fc.weight", at::randn({8, 4})}, {"fc.bias", at::randn({8})},
+                                       {"norm.weight", at::randn({4})}});
+    std::ofstream(dir_ / "config.json") << R"({"_class_name": "Toy"})";
+    ck_ = std::make_shared<const checkpoint::ComponentCheckpoint>(checkpoint::ComponentCheckpoint::open(dir_.string()));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+  std::shared_ptr<const checkpoint::ComponentCheckpoint> ck_;
+};
+
+TEST_F(BuilderLoad, LoadsWhatWasRecordedAndChecksTheRest) {
+  parallel::ParallelLinear fc;
+  parallel::Weight norm;
+  auto declare = [&](ModelBuilder& b) {
+    fc = b.linear("fc", 8, 4, LinearDecl::replicated().with_bias());
+    norm = b.tensor("norm.weight", {4}, TensorKind::Norm);
+    b.unused("buffer", {3}, TensorKind::Buffer);
+  };
+  checkpoint::SafetensorsSource source(ck_);
+  BuiltModel built = build_model("Toy", source, {}, {}, declare);
+  EXPECT_TRUE(fc.defined());
+  EXPECT_EQ(norm.get().size(0), 4);
+  EXPECT_EQ(built.table.tensors.size(), 4u);
+  EXPECT_EQ(built.bytes_read, (8 * 4 + 8 + 4) * 4u);
+
+  // A construction that asks for something other than it recorded.
+  int calls = 0;
+  const std::string e = error_of([&] {
+    build_model("Toy", source, {}, {}, [&](ModelBuilder& b) { b.linear("fc", 8, ++calls == 1 ? 4 : 5, LinearDecl::replicated().with_bias()); });
+  });
+  EXPECT_NE(e.find("'fc.weight' declared as [8, 5]"), std::string::npos) << e;
+  // The checkpoint lacks a declared tensor: named before any byte is read.
+  const std::string missing = error_of([&] {
+    build_model("Toy", source, {}, {}, [&](ModelBuilder& b) { b.tensor("absent.weight", {2}, TensorKind::Norm); });
+  });
+  EXPECT_NE(missing.find("tensor 'absent.weight' is missing"), std::string::npos) << missing;
+  // A load filter leaves the rest undefined and unvalidated.
+  BuildOptions only_fc;
+  only_fc.wanted = [](const std::string& n) { return n.rfind("fc.", 0) == 0; };
+  build_model("Toy", source, {}, only_fc, [&](ModelBuilder& b) {
+    declare(b);
+    b.tensor("absent.weight", {2}, TensorKind::Norm);
+  });
+  EXPECT_TRUE(fc.defined());
+  EXPECT_FALSE(norm.defined());
+}
+
+TEST(ModelTable, PackedBlockThatDoesNotDivideIsNamed) {
+  checkpoint::ShardRequest r{ShardStyle::PackedColwise, 0, 4, {4, 6}, true};
+  try {
+    checkpoint::plan_slice("fused.weight", {10, 8}, 16, r);
+    FAIL();
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'fused.weight': dim 0 block 1 (size 6) is not divisible by tp 4"),
+              std::string::npos)
+        << e.what();
+  }
+  r.blocks = {4, 5};
+  EXPECT_THROW(checkpoint::plan_slice("fused.weight", {10, 8}, 16, r), CheckpointError);  // sum 9 != 10
+}
+
+TEST(ModelRegistry, KnowsEveryFamilyByClassName) {
+  const auto names = model_family_names();
+  for (const char* cls : {"FluxTransformer2DModel", "CLIPTextModel", "T5EncoderModel", "AutoencoderKL"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), cls), names.end()) << cls;
+  }
+  EXPECT_EQ(find_model_family("NoSuchModel"), nullptr);
+  EXPECT_FALSE(model_table_for({{"_class_name", "NoSuchModel"}}, "config.json"));
+}
+
+}  // namespace
+}  // namespace tprun::models
