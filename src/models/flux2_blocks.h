@@ -1,0 +1,60 @@
+#pragma once
+// Internal to the FLUX.2 transformer: the weights of each block as the
+// construction declares them (flux2_blocks.cpp) and the block forwards. Not a
+// public API.
+
+#include <string>
+#include <vector>
+
+#include "models/flux2_transformer.h"
+#include "models/model_builder.h"
+#include "models/nn_ops.h"
+#include "parallel/parallel_linear.h"
+
+namespace tprun::models {
+
+struct Flux2DoubleBlockWeights {
+  parallel::ParallelLinear to_q, to_k, to_v;  // colwise
+  parallel::Weight norm_q, norm_k;
+  parallel::ParallelLinear to_out;  // rowwise
+  parallel::Weight norm_added_q, norm_added_k;
+  parallel::ParallelLinear add_q, add_k, add_v;  // colwise
+  parallel::ParallelLinear to_add_out;           // rowwise
+  parallel::ParallelLinear ff_in, ff_out;        // packed colwise [mlp, mlp] (gate | up), rowwise
+  parallel::ParallelLinear ffc_in, ffc_out;
+};
+
+struct Flux2SingleBlockWeights {
+  parallel::ParallelLinear to_qkv_mlp;  // packed colwise [inner, inner, inner, mlp, mlp]
+  parallel::Weight norm_q, norm_k;
+  parallel::ParallelLinear to_out;  // packed rowwise [inner, mlp]
+};
+
+struct Flux2Weights {
+  parallel::ParallelLinear t_lin1, t_lin2, g_lin1, g_lin2;
+  bool has_guidance = false;
+  // Flux2Modulation linears, shared by every block of their kind.
+  parallel::ParallelLinear mod_img, mod_txt, mod_single;
+  parallel::ParallelLinear x_embedder, context_embedder;
+  std::vector<Flux2DoubleBlockWeights> doubles;
+  std::vector<Flux2SingleBlockWeights> singles;
+  parallel::ParallelLinear norm_out, proj_out;
+};
+
+// The whole model's declarations, in diffusers' module (state_dict) order.
+Flux2Weights declare_flux2(const Flux2Config& config, bool shard_modulation, ModelBuilder& b);
+
+// Block forwards. `mod_img` / `mod_txt`: the full double-stream modulation
+// vectors [B, 6*inner] (two sets of shift, scale, gate); `mod`: the single
+// stream's [B, 3*inner]. `joint` is the single blocks' [txt, img] stream.
+void flux2_double_block_forward(const Flux2DoubleBlockWeights& w, const Flux2Config& config,
+                                const at::Tensor& mod_img, const at::Tensor& mod_txt, const nn::Rope& rope,
+                                at::Tensor& hidden, at::Tensor& encoder);
+void flux2_single_block_forward(const Flux2SingleBlockWeights& w, const Flux2Config& config, const at::Tensor& mod,
+                                const nn::Rope& rope, at::Tensor& joint);
+
+// (1 + scale) * LayerNorm(x) + shift, LayerNorm without affine; scale and
+// shift [B, D] broadcast over the tokens.
+at::Tensor flux2_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps);
+
+}  // namespace tprun::models

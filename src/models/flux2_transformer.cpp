@@ -1,0 +1,210 @@
+// Flux2Transformer2DModel: config, plan validation, loading this rank's
+// slices, and the top-level forward (embeddings, modulations, blocks,
+// norm_out, proj_out).
+#include "models/flux2_transformer.h"
+
+#include <cmath>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "checkpoint/weight_source.h"
+#include "models/flux2_blocks.h"
+#include "models/model_config.h"
+#include "models/model_inputs.h"
+#include "models/model_registry.h"
+#include "runtime/error.h"
+
+namespace tprun::models {
+
+namespace {
+
+// A finite number in (0, max]; `fallback` when absent or null.
+double positive_number(const nlohmann::json& c, const std::string& field, const std::string& path, double fallback,
+                       double max) {
+  const double v = config_number_or(c, field, path, fallback);
+  if (!std::isfinite(v) || v <= 0 || v > max) {
+    throw CheckpointError(fmt::format("{}: field '{}' = {} must be a positive number of at most {}", path, field, v,
+                                      max));
+  }
+  return v;
+}
+
+}  // namespace
+
+Flux2Config Flux2Config::from_json(const nlohmann::json& c, const std::string& path) {
+  Flux2Config f;  // defaults: diffusers' __init__
+  f.heads = config_positive(c, "num_attention_heads", path, f.heads, 4096);
+  f.head_dim = config_positive(c, "attention_head_dim", path, f.head_dim, 4096);
+  auto block_count = [&](const char* field, int64_t fallback) {
+    const int64_t v = config_int_or_null(c, field, path).value_or(fallback);
+    if (v < 0 || v > 1024) {
+      throw CheckpointError(fmt::format("{}: field '{}' = {} is out of range [0, 1024]", path, field, v));
+    }
+    return v;
+  };
+  f.layers = block_count("num_layers", f.layers);
+  f.single_layers = block_count("num_single_layers", f.single_layers);
+  f.in_channels = config_positive(c, "in_channels", path, f.in_channels);
+  f.out_channels = config_positive(c, "out_channels", path, f.in_channels);  // null: in_channels
+  f.patch = config_positive(c, "patch_size", path, f.patch, 64);
+  f.joint_dim = config_positive(c, "joint_attention_dim", path, f.joint_dim);
+  f.timestep_channels = config_positive(c, "timestep_guidance_channels", path, f.timestep_channels, 65536);
+  f.mlp_ratio = positive_number(c, "mlp_ratio", path, f.mlp_ratio, 64.0);
+  f.rope_theta = positive_number(c, "rope_theta", path, f.rope_theta, 1e12);
+  f.eps = positive_number(c, "eps", path, f.eps, 1.0);
+  f.guidance = config_bool_or(c, "guidance_embeds", path, f.guidance);
+  if (f.mlp_hidden() < 1) {
+    throw CheckpointError(fmt::format("{}: field 'mlp_ratio' = {} gives an empty MLP (int({} * {}) = {})", path,
+                                      f.mlp_ratio, f.inner(), f.mlp_ratio, f.mlp_hidden()));
+  }
+  f.axes_dims_rope = config_int_list_or(c, "axes_dims_rope", path, f.axes_dims_rope, 8, 4096);
+  int64_t rope_sum = 0;
+  for (int64_t d : f.axes_dims_rope) {
+    if (d % 2 != 0) {
+      throw CheckpointError(fmt::format("{}: field 'axes_dims_rope' entries must be even and positive", path));
+    }
+    rope_sum += d;
+  }
+  if (rope_sum != f.head_dim) {
+    throw CheckpointError(fmt::format("{}: field 'axes_dims_rope' sums to {} but attention_head_dim is {}", path,
+                                      rope_sum, f.head_dim));
+  }
+  return f;
+}
+
+ModelTable Flux2Transformer::table_for(const Flux2Config& config, const ModelOptions& options) {
+  return record_table(kClass, [&](ModelBuilder& b) { declare_flux2(config, options.shard_modulation, b); });
+}
+
+std::unique_ptr<Flux2Transformer> Flux2Transformer::load(checkpoint::WeightSource& source,
+                                                         const nlohmann::json& config, const std::string& config_path,
+                                                         const parallel::TpContext& tp, const ModelOptions& options) {
+  auto m = std::make_unique<Flux2Transformer>();
+  m->config_ = Flux2Config::from_json(config, config_path);
+  m->tp_ = tp;
+  m->shard_modulation_ = options.shard_modulation;
+  auto w = std::make_shared<Flux2Weights>();
+  BuiltModel built = build_model(kClass, source, tp, {options.dtype, options.device, options.mode, {}},
+                                 [&](ModelBuilder& b) { *w = declare_flux2(m->config_, options.shard_modulation, b); });
+  m->table_ = std::move(built.table);
+  m->bytes_loaded_ = built.bytes_read;
+  m->w_ = std::move(w);
+  return m;
+}
+
+int64_t Flux2Transformer::all_reduces_per_forward() const {
+  if (tp_.size == 1) return 0;
+  return 2 * config_.layers + config_.single_layers + (shard_modulation_ ? 1 : 0);
+}
+
+TensorMap Flux2Transformer::forward(const TensorMap& inputs, Trace* trace) const {
+  return {{"sample", run(inputs, trace)}};
+}
+
+TensorMap Flux2Transformer::example_inputs(uint64_t seed) const {
+  constexpr int64_t grid = 8, text = 8;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  TensorMap in;
+  in["hidden_states"] = at::randn({1, grid * grid, config_.in_channels}, gen, f32);
+  in["encoder_hidden_states"] = at::randn({1, text, config_.joint_dim}, gen, f32);
+  in["timestep"] = at::full({1}, 0.5, f32);
+  if (config_.guidance) in["guidance"] = at::full({1}, 4.0, f32);
+  // Flux2Pipeline._prepare_latent_ids: (t, h, w, l) = (0, row, col, 0);
+  // _prepare_text_ids: (0, 0, 0, token).
+  const at::Tensor r = at::arange(grid * grid, f32), zi = at::zeros({grid * grid}, f32);
+  in["img_ids"] = at::stack({zi, (r / grid).floor(), r.fmod(grid), zi}, 1);
+  const at::Tensor zt = at::zeros({text}, f32);
+  in["txt_ids"] = at::stack({zt, zt, zt, at::arange(text, f32)}, 1);
+  return in;
+}
+
+at::Tensor Flux2Transformer::run(const TensorMap& in, Trace* trace) const {
+  const Flux2Weights& w = *w_;
+  const auto opts = w.x_embedder.weight().get().options();
+  auto to_compute = [&](const at::Tensor& t) { return t.to(opts.device(), opts.dtype().toScalarType()); };
+  auto record = [&](const std::string& name, const at::Tensor& t) {
+    if (trace) trace->emplace_back(name, t);
+  };
+
+  const at::Tensor hidden_in = sequence_input(in, "hidden_states", config_.in_channels, "in_channels");
+  const at::Tensor encoder_in = sequence_input(in, "encoder_hidden_states", config_.joint_dim, "joint_attention_dim");
+  const int64_t batch = hidden_in.size(0);
+  if (encoder_in.size(0) != batch) {
+    throw RequestError(fmt::format("input 'encoder_hidden_states' has batch {} but 'hidden_states' has {}",
+                                   encoder_in.size(0), batch),
+                       true);
+  }
+  check_guidance_input(in, w.has_guidance);
+
+  // Flux2TimestepGuidanceEmbeddings: timestep / guidance cast to the compute
+  // dtype, * 1000, Timesteps(flip_sin_to_cos, shift 0) -> linear_1 -> silu -> linear_2.
+  auto embed = [&](const at::Tensor& t, const parallel::ParallelLinear& l1, const parallel::ParallelLinear& l2) {
+    const at::Tensor scaled = to_compute(t) * 1000;
+    return l2.forward(nn::silu(l1.forward(to_compute(nn::timestep_embedding(scaled, config_.timestep_channels,
+                                                                            true, 0)))));
+  };
+  at::Tensor temb = embed(scalar_per_sample(in, "timestep", batch), w.t_lin1, w.t_lin2);
+  if (w.has_guidance) temb = temb + embed(scalar_per_sample(in, "guidance", batch), w.g_lin1, w.g_lin2);
+  record("time_guidance_embed", temb);
+
+  // Flux2Modulation: silu(temb) -> linear, once per forward, shared by every
+  // block of its kind; with shard_modulation the three partial sums share one AllReduce.
+  const at::Tensor act = nn::silu(temb);
+  std::vector<at::Tensor> mods;
+  if (shard_modulation_) {
+    mods = parallel::rowwise_forward(
+        parallel::RowwiseBatch().add(w.mod_img, act).add(w.mod_txt, act).add(w.mod_single, act));
+  } else {
+    mods = {w.mod_img.forward(act), w.mod_txt.forward(act), w.mod_single.forward(act)};
+  }
+
+  at::Tensor hidden = w.x_embedder.forward(to_compute(hidden_in));
+  record("x_embedder", hidden);
+  at::Tensor encoder = w.context_embedder.forward(to_compute(encoder_in));
+  record("context_embedder", encoder);
+
+  // Flux2PosEmbed over cat(txt_ids, img_ids), one block of columns per axis.
+  const size_t axes = config_.axes_dims_rope.size();
+  const at::Tensor txt_ids = ids_input(in, "txt_ids", encoder.size(1), axes);
+  const at::Tensor img_ids = ids_input(in, "img_ids", hidden.size(1), axes);
+  const at::Tensor ids = at::cat({txt_ids.to(at::kFloat), img_ids.to(at::kFloat)}, 0).to(opts.device());
+  const nn::Rope rope = nn::rope_frequencies(ids, config_.axes_dims_rope, config_.rope_theta);
+  record("pos_embed.freqs_cos", *rope.cos);
+  record("pos_embed.freqs_sin", *rope.sin);
+
+  for (size_t i = 0; i < w.doubles.size(); ++i) {
+    flux2_double_block_forward(w.doubles[i], config_, mods[0], mods[1], rope, hidden, encoder);
+    record(fmt::format("transformer_blocks.{}.encoder_hidden_states", i), encoder);
+    record(fmt::format("transformer_blocks.{}.hidden_states", i), hidden);
+  }
+  const int64_t txt = encoder.size(1);
+  at::Tensor joint = at::cat({encoder, hidden}, 1);
+  for (size_t i = 0; i < w.singles.size(); ++i) {
+    flux2_single_block_forward(w.singles[i], config_, mods[2], rope, joint);
+    record(fmt::format("single_transformer_blocks.{}.hidden_states", i), joint);
+  }
+  hidden = joint.narrow(1, txt, joint.size(1) - txt);
+
+  // AdaLayerNormContinuous: (scale, shift) = chunk(linear(silu(temb)), 2).
+  auto ss = w.norm_out.forward(act).chunk(2, 1);
+  hidden = nn::layer_norm(hidden, config_.eps) * (1 + ss[0].unsqueeze(1)) + ss[1].unsqueeze(1);
+  record("norm_out", hidden);
+  at::Tensor sample = w.proj_out.forward(hidden);
+  record("proj_out", sample);
+  return sample;
+}
+
+TPRUN_REGISTER_MODEL(Flux2Transformer, Flux2Config);
+
+}  // namespace tprun::models
