@@ -68,6 +68,27 @@ tp3_refused)
   grep -q "tp 3 does not divide num_attention_heads 4" out || fail "message"
   [ ! -e x.safetensors ] || fail "output written"
   ;;
+unknown_class)
+  # A component or pipeline class tprun has no family for: one clear error on every rank, naming the
+  # class and the known ones; a replicated component has nothing to verify.
+  mkdir comp && cp "$data/model_single/"* comp/
+  sed -i 's/"FluxTransformer2DModel"/"SD3Transformer2DModel"/' comp/config.json
+  run "${mpi[@]}" -np 2 "$tprun" forward --model comp --inputs "$data/inputs.safetensors" --out x.safetensors --log-dir ''
+  [ "$rc" -eq 3 ] || fail "forward: expected exit 3 (config), got $rc"
+  [ "$(grep -c "class 'SD3Transformer2DModel' is not a model tprun can run (known: .*FluxTransformer2DModel" out)" -eq 2 ] ||
+      fail "forward: the message on both ranks"
+  pipe=${data%/flux_transformer}/flux_pipeline/model
+  cp -r "$pipe" pipe
+  sed -i 's/"FluxPipeline"/"StableDiffusion3Pipeline"/' pipe/model_index.json
+  run "${mpi[@]}" -np 2 "$tprun" generate --model pipe --prompt x --out x.png --log-dir ''
+  [ "$rc" -eq 3 ] || fail "generate: expected exit 3 (config), got $rc"
+  grep -q "_class_name 'StableDiffusion3Pipeline' is not a pipeline tprun can run (known: FluxPipeline)" out ||
+      fail "generate: message"
+  run "${mpi[@]}" -np 2 "$tprun" verify --model "$pipe" --component vae_decoder --tp 2 --log-dir ''
+  [ "$rc" -eq 3 ] || fail "verify vae: expected exit 3, got $rc"
+  grep -q "AutoencoderKL has no TP plan" out || fail "verify vae: message"
+  [ ! -e x.safetensors ] && [ ! -e x.png ] || fail "output written"
+  ;;
 *) echo "unknown case $case_name"; exit 2 ;;
 esac
 echo "ok [$case_name]"
