@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "checkpoint/shard_loader.h"
 #include "models/model_table.h"
@@ -25,6 +26,11 @@ struct ModelOptions {
   // Components with parts (the VAE: "decoder" | "encoder"): load only that
   // part. "" loads all of it.
   std::string part;
+  // Decoder-only text encoders: the hidden states the caller needs, as
+  // transformers numbers output.hidden_states (0 = the embeddings, k = the
+  // output of layer k-1). Layers after the last one asked for are neither
+  // loaded nor run. Empty: every layer (and the final norm).
+  std::vector<int64_t> hidden_layers;
 };
 
 class Model {

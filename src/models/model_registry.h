@@ -79,6 +79,11 @@ ModelFamily model_family() {
 
 #define TPRUN_MODEL_CONCAT_(a, b) a##b
 #define TPRUN_MODEL_CONCAT(a, b) TPRUN_MODEL_CONCAT_(a, b)
+// A class that serves several config class names (one implementation
+// parameterised by config): TPRUN_REGISTER_MODEL_AS("Qwen3ForCausalLM", DecoderTextEncoder, DecoderConfig);
+#define TPRUN_REGISTER_MODEL_AS(name, M, Config)                                             \
+  static const bool TPRUN_MODEL_CONCAT(tprun_model_registered_, __LINE__) [[maybe_unused]] = \
+      ::tprun::models::detail::register_model_family(name, ::tprun::models::model_family<M, Config>())
 #define TPRUN_REGISTER_MODEL(M, Config)                                                    \
   static const bool TPRUN_MODEL_CONCAT(tprun_model_registered_, __LINE__) [[maybe_unused]] = \
       ::tprun::models::detail::register_model_family(M::kClass, ::tprun::models::model_family<M, Config>())
