@@ -56,9 +56,11 @@ Command forward_command() {
     if (tp.comm) tp.comm->reset_stats();
     auto outputs = model->forward(inputs);
     const auto t2 = std::chrono::steady_clock::now();
-    const at::Tensor& primary = outputs.at(model->primary_output());
+    // The main output, or (a component with parts, e.g. a whole VAE given an image) the first one.
+    const std::string shown = outputs.count(model->primary_output()) ? model->primary_output() : outputs.begin()->first;
+    const at::Tensor& primary = outputs.at(shown);
     spdlog::info("forward: {} {} ({}) tp {} dtype {} {} {} | load {:.2f} s ({} bytes this rank), forward {:.3f} s | {}",
-                 args.path, args.component, model->table().cls, tp.size, args.dtype, model->primary_output(),
+                 args.path, args.component, model->table().cls, tp.size, args.dtype, shown,
                  fmt::join(primary.sizes().vec(), "x"), std::chrono::duration<double>(t1 - t0).count(),
                  model->bytes_loaded(), std::chrono::duration<double>(t2 - t1).count(),
                  tp.comm ? tp.comm->stats().summary() : std::string("no collectives (tp 1)"));

@@ -81,8 +81,11 @@ Command generate_command() {
         ("dtype", po::value<std::string>()->default_value("fp32"), "compute dtype: fp32 | bf16 | fp16")
         ("tp", po::value<int>(), "tensor-parallel group size; default and only choice: the world size")
         ("shard-text-encoders", po::bool_switch(),
-         "shard the text encoders that have a TP plan over the TP group too (FLUX.1: T5)")
+         "shard the text encoders that have a TP plan over the TP group too (FLUX.1: T5; the FLUX.2 "
+         "pipelines do by default)")
         ("shard-text-encoder-2", po::bool_switch(), "the same (the name of earlier releases)")
+        ("replicate-text-encoders", po::bool_switch(),
+         "every rank holds the whole text encoder (the FLUX.2 pipelines shard it by default)")
         ("shard-modulation", po::bool_switch(), "also shard the transformer's AdaLN modulation linears");
     desc.add(m);
     add_generation_options(desc);
@@ -123,7 +126,8 @@ Command generate_command() {
     opts.dtype = vm["dtype"].as<std::string>();
     opts.device = session.device().device;
     opts.variant = vm["variant"].as<std::string>();
-    opts.shard_text_encoders = vm["shard-text-encoders"].as<bool>() || vm["shard-text-encoder-2"].as<bool>();
+    if (vm["shard-text-encoders"].as<bool>() || vm["shard-text-encoder-2"].as<bool>()) opts.shard_text_encoders = true;
+    if (vm["replicate-text-encoders"].as<bool>()) opts.shard_text_encoders = false;
     opts.shard_modulation = vm["shard-modulation"].as<bool>();
     opts.text_encoders =
         !(embeds_given && (req.true_cfg_scale.value_or(1.0) <= 1.0 || req.has_given("negative_prompt_embeds")));

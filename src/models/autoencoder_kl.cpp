@@ -9,6 +9,7 @@
 #include <ATen/ops/exp.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/sqrt.h>
 #include <ATen/ops/silu.h>
 
 #include "checkpoint/torch_dtype.h"
@@ -23,10 +24,10 @@ namespace tprun::models {
 namespace {
 
 // Length of a block-type list whose every entry must be `want`; absent or
-// null: 1 (diffusers' default is one such block).
+// null: `fallback` (the class's default list).
 size_t block_types(const nlohmann::json& c, const std::string& field, const std::string& path,
-                   const std::string& want) {
-  if (!c.contains(field) || c[field].is_null()) return 1;  // diffusers' default: one block of `want`
+                   const std::string& want, size_t fallback) {
+  if (!c.contains(field) || c[field].is_null()) return fallback;
   if (!c[field].is_array()) throw CheckpointError(fmt::format("{}: field '{}' must be a list", path, field));
   for (const auto& v : c[field]) {
     if (!v.is_string() || v.get<std::string>() != want) {
@@ -60,24 +61,28 @@ int64_t VaeConfig::scale_factor() const { return int64_t{1} << (block_out_channe
 VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path) {
   if (!c.is_object()) throw CheckpointError(fmt::format("{}: config must be a JSON object", path));
   VaeConfig v;
-  v.in_channels = config_int_or_null(c, "in_channels", path).value_or(v.in_channels);
-  v.out_channels = config_int_or_null(c, "out_channels", path).value_or(v.out_channels);
-  v.layers_per_block = config_int_or_null(c, "layers_per_block", path).value_or(v.layers_per_block);
-  v.latent_channels = config_int_or_null(c, "latent_channels", path).value_or(v.latent_channels);
-  v.norm_num_groups = config_int_or_null(c, "norm_num_groups", path).value_or(v.norm_num_groups);
-  if (c.contains("block_out_channels") && !c["block_out_channels"].is_null()) {
-    const auto& b = c["block_out_channels"];
-    if (!b.is_array() || b.empty()) {
-      throw CheckpointError(fmt::format("{}: field 'block_out_channels' must be a non-empty list", path));
-    }
-    v.block_out_channels.clear();
-    for (const auto& e : b) {
-      if (!e.is_number_integer()) {
-        throw CheckpointError(fmt::format("{}: field 'block_out_channels' must hold integers, found {}", path,
-                                          e.dump()));
-      }
-      v.block_out_channels.push_back(e.get<int64_t>());
-    }
+  v.cls = config_class(c).empty() ? std::string(AutoencoderKL::kClass) : config_class(c);
+  if (v.cls == "AutoencoderKLFlux2") {
+    // AutoencoderKLFlux2.__init__'s defaults.
+    v.flux2 = true;
+    v.block_out_channels = {128, 256, 512, 512};
+    v.layers_per_block = 2;
+    v.latent_channels = 32;
+  } else if (v.cls != AutoencoderKL::kClass) {
+    throw CheckpointError(fmt::format("{}: _class_name '{}' is not AutoencoderKL or AutoencoderKLFlux2", path, v.cls));
+  }
+  v.in_channels = config_positive(c, "in_channels", path, v.in_channels, 64);
+  v.out_channels = config_positive(c, "out_channels", path, v.out_channels, 64);
+  v.layers_per_block = config_positive(c, "layers_per_block", path, v.layers_per_block, 64);
+  v.latent_channels = config_positive(c, "latent_channels", path, v.latent_channels, 4096);
+  v.norm_num_groups = config_positive(c, "norm_num_groups", path, v.norm_num_groups, 4096);
+  v.block_out_channels = config_int_list_or(c, "block_out_channels", path, v.block_out_channels, 16, 65536);
+  v.decoder_block_out_channels =
+      config_int_list_or(c, "decoder_block_out_channels", path, v.block_out_channels, 16, 65536);
+  if (v.decoder_block_out_channels.size() != v.block_out_channels.size()) {
+    throw CheckpointError(fmt::format("{}: field 'decoder_block_out_channels' has {} entries but "
+                                      "block_out_channels has {}",
+                                      path, v.decoder_block_out_channels.size(), v.block_out_channels.size()));
   }
   v.use_quant_conv = config_bool_or(c, "use_quant_conv", path, true);
   v.use_post_quant_conv = config_bool_or(c, "use_post_quant_conv", path, true);
@@ -86,6 +91,17 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path)
   v.scaling_factor = config_number_or(c, "scaling_factor", path, v.scaling_factor);
   v.has_shift = c.contains("shift_factor") && !c["shift_factor"].is_null();
   v.shift_factor = config_number_or(c, "shift_factor", path, 0.0);
+  if (v.flux2) {
+    v.batch_norm_eps = config_number_or(c, "batch_norm_eps", path, v.batch_norm_eps);
+    if (!(v.batch_norm_eps > 0 && v.batch_norm_eps < 1)) {
+      throw CheckpointError(fmt::format("{}: field 'batch_norm_eps' = {} must be in (0, 1)", path, v.batch_norm_eps));
+    }
+    const auto patch = config_int_list_or(c, "patch_size", path, {2, 2}, 2, 16);
+    if (patch != std::vector<int64_t>{2, 2}) {
+      throw CheckpointError(fmt::format("{}: field 'patch_size' must be [2, 2] (the FLUX.2 pipelines' 2x2 patches)",
+                                        path));
+    }
+  }
 
   if (c.contains("act_fn") && !(c["act_fn"].is_string() && c["act_fn"].get<std::string>() == "silu")) {
     throw CheckpointError(
@@ -95,7 +111,7 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path)
   using Named = std::pair<const char*, const char*>;
   for (const auto& [field, want] : {Named{"down_block_types", "DownEncoderBlock2D"},
                                      Named{"up_block_types", "UpDecoderBlock2D"}}) {
-    const size_t got = block_types(c, field, path, want);
+    const size_t got = block_types(c, field, path, want, v.flux2 ? 4 : 1);
     if (got != n) {
       throw CheckpointError(fmt::format("{}: field '{}' has {} entries but block_out_channels has {}", path, field,
                                         got, n));
@@ -108,7 +124,9 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path)
         Size{"norm_num_groups", v.norm_num_groups}}) {
     if (value <= 0) throw CheckpointError(fmt::format("{}: field '{}' must be positive, got {}", path, field, value));
   }
-  for (int64_t ch : v.block_out_channels) {
+  std::vector<int64_t> all_channels = v.block_out_channels;
+  all_channels.insert(all_channels.end(), v.decoder_block_out_channels.begin(), v.decoder_block_out_channels.end());
+  for (int64_t ch : all_channels) {
     if (ch <= 0 || ch % v.norm_num_groups != 0) {
       throw CheckpointError(fmt::format("{}: block_out_channels entry {} must be a positive multiple of "
                                         "norm_num_groups {}",
@@ -150,11 +168,12 @@ VaeWeights declare_vae(const VaeConfig& cfg, ModelBuilder& b) {
   e.conv_norm_out = b.norm("encoder.conv_norm_out", ch[n - 1]);
   e.conv_out = b.conv2d("encoder.conv_out", 2 * cfg.latent_channels, ch[n - 1], 3);  // double_z: mean and logvar
 
+  const auto& dch = cfg.decoder_block_out_channels;
   VaeCoderWeights& d = w.decoder;
-  d.conv_in = b.conv2d("decoder.conv_in", ch[n - 1], cfg.latent_channels, 3);
-  in = ch[n - 1];
+  d.conv_in = b.conv2d("decoder.conv_in", dch[n - 1], cfg.latent_channels, 3);
+  in = dch[n - 1];
   for (size_t i = 0; i < n; ++i) {
-    const int64_t out = ch[n - 1 - i];
+    const int64_t out = dch[n - 1 - i];
     SampleBlockWeights blk;
     for (int64_t j = 0; j <= cfg.layers_per_block; ++j)
       blk.resnets.push_back(declare_resnet(b, fmt::format("decoder.up_blocks.{}.resnets.{}", i, j), j == 0 ? in : out, out));
@@ -163,21 +182,31 @@ VaeWeights declare_vae(const VaeConfig& cfg, ModelBuilder& b) {
     d.blocks.push_back(std::move(blk));
     in = out;
   }
-  d.mid = declare_mid_block(b, "decoder.mid_block", ch[n - 1], cfg.mid_block_add_attention);
-  d.conv_norm_out = b.norm("decoder.conv_norm_out", ch[0]);
-  d.conv_out = b.conv2d("decoder.conv_out", cfg.out_channels, ch[0], 3);
+  d.mid = declare_mid_block(b, "decoder.mid_block", dch[n - 1], cfg.mid_block_add_attention);
+  d.conv_norm_out = b.norm("decoder.conv_norm_out", dch[0]);
+  d.conv_out = b.conv2d("decoder.conv_out", cfg.out_channels, dch[0], 3);
 
   if (cfg.use_quant_conv) w.quant_conv = b.conv2d("quant_conv", 2 * cfg.latent_channels, 2 * cfg.latent_channels, 1);
   if (cfg.use_post_quant_conv) w.post_quant_conv = b.conv2d("post_quant_conv", cfg.latent_channels, cfg.latent_channels, 1);
+  if (cfg.flux2) {
+    // BatchNorm2d(4 * latent_channels, affine=False): the statistics of the 2x2-patchified latents.
+    const int64_t bn = 4 * cfg.latent_channels;
+    w.bn_mean = b.tensor("bn.running_mean", {bn}, TensorKind::Buffer);
+    w.bn_var = b.tensor("bn.running_var", {bn}, TensorKind::Buffer);
+    b.unused("bn.num_batches_tracked", {}, TensorKind::Buffer);  // int64 counter, not used at inference
+  }
   return w;
 }
 
 bool in_encoder(const std::string& name) { return name.rfind("encoder.", 0) == 0 || name.rfind("quant_conv.", 0) == 0; }
+bool in_decoder(const std::string& name) {
+  return name.rfind("decoder.", 0) == 0 || name.rfind("post_quant_conv.", 0) == 0;
+}
 
 }  // namespace
 
 ModelTable AutoencoderKL::table_for(const VaeConfig& config, const ModelOptions&) {
-  return record_table(kClass, [&](ModelBuilder& b) { declare_vae(config, b); });
+  return record_table(config.cls, [&](ModelBuilder& b) { declare_vae(config, b); });
 }
 
 std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& source, const nlohmann::json& config,
@@ -195,9 +224,12 @@ std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& sou
   }
   BuildOptions bo{m->compute_dtype_, options.device, options.mode, {}};
   // Only the requested half needs to be in the checkpoint.
-  if (!part.empty()) bo.wanted = [enc = part == "encoder"](const std::string& name) { return in_encoder(name) == enc; };
+  // (The batch-norm statistics go with both halves: the pipelines normalise
+  // encoded latents and de-normalise before decoding.)
+  if (part == "encoder") bo.wanted = [](const std::string& name) { return !in_decoder(name); };
+  if (part == "decoder") bo.wanted = [](const std::string& name) { return !in_encoder(name); };
   auto w = std::make_shared<VaeWeights>();
-  BuiltModel built = build_model(kClass, source, parallel::TpContext{}, bo,
+  BuiltModel built = build_model(cfg.cls, source, parallel::TpContext{}, bo,
                                  [&](ModelBuilder& b) { *w = declare_vae(cfg, b); });
   w->has_encoder = part != "decoder";
   w->has_decoder = part != "encoder";
@@ -288,6 +320,17 @@ TensorMap AutoencoderKL::example_inputs(uint64_t seed) const {
 
 std::string AutoencoderKL::primary_output() const { return has_decoder() ? "sample" : "mean"; }
 
+at::Tensor AutoencoderKL::latent_bn_mean() const {
+  if (!config_.flux2) throw Error(Error::Kind::Internal, "latent_bn_mean: not an AutoencoderKLFlux2");
+  return w_->bn_mean.get();
+}
+
+at::Tensor AutoencoderKL::latent_bn_std() const {
+  if (!config_.flux2) throw Error(Error::Kind::Internal, "latent_bn_std: not an AutoencoderKLFlux2");
+  return at::sqrt(w_->bn_var.get() + config_.batch_norm_eps);
+}
+
 TPRUN_REGISTER_MODEL(AutoencoderKL, VaeConfig);
+TPRUN_REGISTER_MODEL_AS("AutoencoderKLFlux2", AutoencoderKL, VaeConfig);
 
 }  // namespace tprun::models

@@ -1,8 +1,12 @@
 #pragma once
 // diffusers' AutoencoderKL as FLUX.1 uses it (16 latent channels, no quant
-// convs, one single-head attention in each mid-block): the decoder (latents ->
-// image) and the encoder (image -> latent distribution), replicated (no tensor
-// parallelism: every rank that runs it holds the whole VAE).
+// convs, one single-head attention in each mid-block) and AutoencoderKLFlux2
+// (FLUX.2: 32 latent channels, quant / post-quant convs, an optional decoder
+// width, and the BatchNorm2d statistics `bn.running_mean/var` of the
+// 2x2-patchified latents, which the pipelines use and the VAE itself does
+// not): the decoder (latents -> image) and the encoder (image -> latent
+// distribution), replicated (no tensor parallelism: every rank that runs it
+// holds the whole VAE). One implementation, registered for both class names.
 //
 //   decode: [post_quant_conv] -> decoder.conv_in -> mid_block (resnet, attn,
 //           resnet) -> up_blocks (resnets, nearest x2 + conv) ->
@@ -37,8 +41,12 @@ class WeightSource;
 namespace tprun::models {
 
 struct VaeConfig {
+  std::string cls = "AutoencoderKL";  // or "AutoencoderKLFlux2" (flux2 below)
+  bool flux2 = false;
   int64_t in_channels = 3, out_channels = 3;
   std::vector<int64_t> block_out_channels = {64};  // encoder order (the decoder reverses it)
+  std::vector<int64_t> decoder_block_out_channels;  // AutoencoderKLFlux2's option; = block_out_channels otherwise
+  double batch_norm_eps = 1e-4;                     // AutoencoderKLFlux2: the latent batch-norm's eps
   int64_t layers_per_block = 1;
   int64_t latent_channels = 4;
   int64_t norm_num_groups = 32;
@@ -56,7 +64,8 @@ struct VaeConfig {
   // non-positive sizes, channels not divisible by norm_num_groups, block type
   // lists that are not all DownEncoderBlock2D / UpDecoderBlock2D of
   // len(block_out_channels), or an act_fn other than silu. Absent optional
-  // fields take diffusers' __init__ defaults.
+  // fields take diffusers' __init__ defaults (AutoencoderKLFlux2's when
+  // _class_name says so).
   static VaeConfig from_json(const nlohmann::json& config, const std::string& config_path);
 };
 
@@ -104,6 +113,10 @@ class AutoencoderKL final : public Model {
   bool upcast() const { return upcast_; }
   bool has_decoder() const;
   bool has_encoder() const;
+  // AutoencoderKLFlux2: bn.running_mean and sqrt(bn.running_var + batch_norm_eps),
+  // [4 * latent_channels] (the pipelines' latent normalisation). Internal error otherwise.
+  at::Tensor latent_bn_mean() const;
+  at::Tensor latent_bn_std() const;
 
  private:
   VaeConfig config_;

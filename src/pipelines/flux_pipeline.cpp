@@ -19,6 +19,7 @@
 #include "pipelines/clip_tokenizer.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "pipelines/latents.h"
+#include "pipelines/request_checks.h"
 #include "pipelines/t5_tokenizer.h"
 #include "runtime/error.h"
 
@@ -44,6 +45,7 @@ struct FluxPipeline::Impl {
   double scaling_factor = 1.0, shift_factor = 0.0;
   int64_t clip_hidden = 0, t5_dim = 0;
   uint64_t bytes = 0;
+  std::shared_ptr<PromptCache> cache = std::make_shared<PromptCache>();
 };
 
 namespace {
@@ -60,22 +62,6 @@ const checkpoint::PipelineComponent& component(const checkpoint::PipelineFolder&
 
 nlohmann::json component_config(const checkpoint::PipelineComponent& c, std::string* path) {
   return models::read_component_config(c.path, path);
-}
-
-void need_shape(const GenerationRequest& r, const std::string& name, const std::vector<int64_t>& shape,
-                const std::string& meaning) {
-  if (!r.has_given(name)) return;
-  auto it = r.given->find(name);
-  const auto got = it->second.sizes().vec();
-  bool ok = got.size() == shape.size();
-  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || got[i] == shape[i];
-  if (!ok) {
-    std::vector<std::string> want;
-    for (int64_t s : shape) want.push_back(s < 0 ? std::string("*") : std::to_string(s));
-    throw RequestError(fmt::format("given tensor '{}' has shape [{}]; expected [{}] ({})", name,
-                                   fmt::join(got, ", "), fmt::join(want, ", "), meaning),
-                       true);
-  }
 }
 
 // FluxPipeline.__call__'s defaults.
@@ -170,7 +156,7 @@ std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, cons
     }
     {
       auto source = checkpoint::open_weight_source(component(pf, "text_encoder_2").path, options.variant);
-      const parallel::TpContext t5tp = options.shard_text_encoders ? tp : parallel::TpContext{};
+      const parallel::TpContext t5tp = options.shard_text_encoders.value_or(false) ? tp : parallel::TpContext{};
       impl->t5 = models::T5Encoder::load(*source, t5conf, t5path, t5tp, o);
       impl->bytes += impl->t5->bytes_loaded();
     }
@@ -229,11 +215,11 @@ void FluxPipeline::check_request(const GenerationRequest& request) const {
                                    m.folder),
                        true);
   }
-  need_shape(r, "prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
-  need_shape(r, "pooled_prompt_embeds", {1, c.pooled_dim}, "[1, pooled_projection_dim]");
-  need_shape(r, "negative_prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
-  need_shape(r, "negative_pooled_prompt_embeds", {1, c.pooled_dim}, "[1, pooled_projection_dim]");
-  need_shape(r, "latents", {1, image_seq_len(*r.height, *r.width, m.vae_scale_factor), c.in_channels},
+  need_given_shape(r, "prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
+  need_given_shape(r, "pooled_prompt_embeds", {1, c.pooled_dim}, "[1, pooled_projection_dim]");
+  need_given_shape(r, "negative_prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
+  need_given_shape(r, "negative_pooled_prompt_embeds", {1, c.pooled_dim}, "[1, pooled_projection_dim]");
+  need_given_shape(r, "latents", {1, image_seq_len(*r.height, *r.width, m.vae_scale_factor), c.in_channels},
              "packed latents [1, image tokens, in_channels] for this height and width");
   if (do_true_cfg(r) && !r.has_given("negative_prompt_embeds") && !m.clip) {
     throw RequestError("true CFG needs negative_prompt_embeds when no text encoders are loaded", true);
@@ -255,6 +241,8 @@ void FluxPipeline::check_request(const GenerationRequest& request) const {
 models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t max_sequence_length) const {
   const Impl& m = *impl_;
   if (!m.clip || !m.t5) throw RequestError(fmt::format("{} was loaded without text encoders", m.folder), true);
+  const std::string key = fmt::format("{}\n{}", max_sequence_length, prompt);
+  if (auto hit = m.cache->get(key)) return *hit;
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   const auto clip_ids_vec = m.tokenizer->encode(prompt, m.tokenizer->model_max_length()).input_ids;
   const auto t5_ids_vec = m.tokenizer_2->encode(prompt, max_sequence_length).input_ids;
@@ -264,6 +252,7 @@ models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t
   models::TensorMap out;
   out["pooled_prompt_embeds"] = clip_out.at("pooler_output").to(m.dtype);
   out["prompt_embeds"] = m.t5->encode(t5_ids).to(m.dtype);
+  m.cache->put(key, out);
   return out;
 }
 
@@ -426,6 +415,7 @@ const std::string& FluxPipeline::folder() const { return impl_->folder; }
 const std::string& FluxPipeline::dtype() const { return impl_->dtype_name; }
 uint64_t FluxPipeline::bytes_loaded() const { return impl_->bytes; }
 int64_t FluxPipeline::transformer_all_reduces() const { return impl_->transformer->all_reduces_per_forward(); }
+PromptCacheStats FluxPipeline::prompt_cache_stats() const { return impl_->cache->stats(); }
 
 TPRUN_REGISTER_PIPELINE(FluxPipeline);
 

@@ -76,9 +76,11 @@ class FluxPipeline final : public Pipeline {
   const std::string& dtype() const override;
   uint64_t bytes_loaded() const override;
   int64_t transformer_all_reduces() const override;
+  PromptCacheStats prompt_cache_stats() const override;
 
   // The prompt embeddings as FluxPipeline.encode_prompt returns them:
-  // {"prompt_embeds" [1, S, joint], "pooled_prompt_embeds" [1, pooled]}.
+  // {"prompt_embeds" [1, S, joint], "pooled_prompt_embeds" [1, pooled]},
+  // through the per-process cache (prompt_cache.h).
   models::TensorMap encode_prompt(const std::string& prompt, int64_t max_sequence_length) const;
   int64_t vae_scale_factor() const;
   bool has_guidance_embeds() const;

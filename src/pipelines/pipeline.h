@@ -11,11 +11,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "parallel/tp_context.h"
 #include "pipelines/generation_request.h"
+#include "pipelines/prompt_cache.h"
 
 namespace at {
 class Tensor;
@@ -27,7 +29,9 @@ struct PipelineOptions {
   std::string dtype = "fp32";  // compute dtype of every component: fp32 | bf16 | fp16
   std::string device = "cpu";
   std::string variant;                // weights variant ("fp16": *.fp16.safetensors)
-  bool shard_text_encoders = false;   // the text encoders that have a TP plan run over the TP group too
+  // The text encoders that have a TP plan run over the TP group too; unset:
+  // the pipeline's choice (FluxPipeline: T5 replicated; FLUX.2: sharded).
+  std::optional<bool> shard_text_encoders;
   bool shard_modulation = false;      // the transformer's AdaLN modulations rowwise_split_input
   bool text_encoders = true;          // false: requests must give prompt embeddings
   bool decode_on_every_rank = false;  // default: TP rank 0 only loads the VAE and decodes
@@ -86,6 +90,8 @@ class Pipeline {
   virtual uint64_t bytes_loaded() const = 0;
   // AllReduces per transformer forward on the TP group.
   virtual int64_t transformer_all_reduces() const = 0;
+  // Prompt encodes run and saved by the embeddings cache on this rank.
+  virtual PromptCacheStats prompt_cache_stats() const = 0;
 };
 
 using PipelineLoader = std::function<std::unique_ptr<Pipeline>(const std::string& folder, const parallel::TpContext& tp,
@@ -109,9 +115,11 @@ bool register_pipeline(const char* cls, PipelineLoader loader);
 // In the pipeline's own .cpp: TPRUN_REGISTER_PIPELINE(FluxPipeline); for a class
 // with `static constexpr const char* kClass` and
 // `static std::unique_ptr<P> load(const std::string&, const parallel::TpContext&, const PipelineOptions&)`.
-#define TPRUN_REGISTER_PIPELINE(P)                                                                    \
+#define TPRUN_REGISTER_PIPELINE(P) TPRUN_REGISTER_PIPELINE_AS(P::kClass, P)
+// One implementation serving several model_index.json classes.
+#define TPRUN_REGISTER_PIPELINE_AS(name, P)                                                           \
   static const bool TPRUN_PIPELINE_CONCAT(tprun_pipeline_registered_, __LINE__) [[maybe_unused]] = \
       ::tprun::pipelines::detail::register_pipeline(                                                  \
-          P::kClass, [](const std::string& folder, const ::tprun::parallel::TpContext& tp,             \
+          name, [](const std::string& folder, const ::tprun::parallel::TpContext& tp,                  \
                         const ::tprun::pipelines::PipelineOptions& options)                             \
                          -> std::unique_ptr<::tprun::pipelines::Pipeline> { return P::load(folder, tp, options); })
