@@ -243,6 +243,7 @@ void JobRun::load() {
   pipelines::PipelineOptions lo;
   lo.dtype = m.dtype;
   lo.device = session_.device().device;
+  lo.shard_text_encoders = m.shard_text_encoders;
   const auto t0 = Clock::now();
   pipe_ = pipelines::load_pipeline(m.model, tp, lo);
   spdlog::info("loaded {} ({}) in {:.2f} s ({} bytes on this rank)", m.model, pipe_->class_name(), seconds_since(t0),
@@ -427,8 +428,17 @@ int JobRun::results() {
     const std::string path = store_->finish(written);
     if (rank_ == 0) spdlog::info("HDF5 store: {}", path);
   }
+  // Prompt encodes run and saved by the embeddings cache, summed over the
+  // replicas (their TP rank 0s: the other ranks of a group encode the same).
+  const auto cache = pipe_->prompt_cache_stats();
+  const bool leader = mesh_->tp_rank() == 0;
+  at::Tensor encodes = at::tensor({leader ? cache.misses : 0, leader ? cache.hits : 0},
+                                  at::TensorOptions().dtype(at::kLong));
+  mesh_->world().all_reduce(encodes);
   int64_t code = 0;
   if (rank_ == 0) {
+    spdlog::info("prompt encodes: {} run, {} saved by the embeddings cache", encodes[0].item<int64_t>(),
+                 encodes[1].item<int64_t>());
     const double wall = seconds_since(loop_start_);
     const double total = stage_sums_[0] + stage_sums_[1] + stage_sums_[2];
     const int64_t ran = static_cast<int64_t>(todo_.size());

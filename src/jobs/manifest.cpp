@@ -265,6 +265,9 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path, c
                 }},
                {"allow_cross_node_tp", [&](const Reader& r, const std::string& f, const toml::node& v) {
                   m.allow_cross_node_tp = r.boolean(f, v);
+                }},
+               {"shard_text_encoders", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  m.shard_text_encoders = r.boolean(f, v);
                 }}});
        }},
       {"memory", [&](const Reader&, const std::string& k, const toml::node& n) {

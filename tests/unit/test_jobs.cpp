@@ -75,6 +75,8 @@ TEST_F(JobFiles, ManifestParsesAndResolvesPaths) {
   EXPECT_EQ(m.defaults.steps, 4);
   EXPECT_EQ(m.defaults.seed, 42u);
   EXPECT_FALSE(m.defaults.guidance.has_value());  // unset: the pipeline's default
+  EXPECT_FALSE(m.shard_text_encoders.has_value());
+  EXPECT_EQ(parse_manifest(path, {parse_override("parallel.shard_text_encoders=false")}).shard_text_encoders, false);
   EXPECT_TRUE(m.png);
   EXPECT_NO_THROW(check_paths(m));
 }
