@@ -1,5 +1,6 @@
 #include "cli/model_args.h"
 
+#include <cstdlib>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -29,7 +30,10 @@ void add_model_options(po::options_description& desc, bool with_component) {
       ("variant", po::value<std::string>()->default_value(""), "weights variant (fp16: *.fp16.safetensors)")
       ("dtype", po::value<std::string>()->default_value("fp32"), "compute dtype: fp32 | bf16 | fp16")
       ("shard-modulation", po::bool_switch(),
-       "also shard the AdaLN modulation linears (rowwise_split_input; one more AllReduce per forward)");
+       "also shard the AdaLN modulation linears (rowwise_split_input; one more AllReduce per forward)")
+      ("hidden-layers", po::value<std::string>(),
+       "decoder text encoders: the hidden states to return, as transformers numbers output.hidden_states "
+       "(e.g. 9,18,27 for FLUX.2 klein, 10,20,30 for dev); later layers are neither loaded nor run");
   desc.add(m);
 }
 
@@ -42,6 +46,22 @@ ModelArgs model_args_from(const po::variables_map& vm) {
   a.dtype = vm["dtype"].as<std::string>();
   (void)checkpoint::parse_compute_dtype(a.dtype, "--dtype");  // ConfigError naming the option
   a.shard_modulation = vm["shard-modulation"].as<bool>();
+  if (vm.count("hidden-layers")) {
+    const std::string text = vm["hidden-layers"].as<std::string>();
+    size_t start = 0;
+    while (start <= text.size()) {
+      size_t end = text.find(',', start);
+      if (end == std::string::npos) end = text.size();
+      const std::string item = text.substr(start, end - start);
+      char* stop = nullptr;
+      const long v = std::strtol(item.c_str(), &stop, 10);
+      if (item.empty() || *stop != '\0' || v < 0 || v > 100000) {
+        throw ConfigError(fmt::format("--hidden-layers '{}': expected layer numbers like 9,18,27", text), true);
+      }
+      a.hidden_layers.push_back(v);
+      start = end + 1;
+    }
+  }
   if (!std::filesystem::exists(a.model)) throw ConfigError(fmt::format("--model {}: no such file or folder", a.model), true);
   std::string folder = a.component;
   if (a.component == "vae_decoder" || a.component == "vae_encoder") {
@@ -70,6 +90,7 @@ std::unique_ptr<models::Model> load_component(const ModelArgs& a, const parallel
   o.device = device;
   o.shard_modulation = a.shard_modulation;
   o.part = a.part;
+  o.hidden_layers = a.hidden_layers;
   return models::load_model(*source, config, config_path, tp, o);
 }
 

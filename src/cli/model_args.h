@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <boost/program_options.hpp>
 
@@ -24,6 +25,7 @@ struct ModelArgs {
   bool shard_modulation = false;
   std::string path;  // resolved component path
   std::string part;  // ModelOptions::part ("decoder" / "encoder" for the VAE halves)
+  std::vector<int64_t> hidden_layers;  // ModelOptions::hidden_layers (--hidden-layers)
 };
 
 void add_model_options(boost::program_options::options_description& desc, bool with_component);

@@ -193,7 +193,7 @@ VaeWeights declare_vae(const VaeConfig& cfg, ModelBuilder& b) {
     const int64_t bn = 4 * cfg.latent_channels;
     w.bn_mean = b.tensor("bn.running_mean", {bn}, TensorKind::Buffer);
     w.bn_var = b.tensor("bn.running_var", {bn}, TensorKind::Buffer);
-    b.unused("bn.num_batches_tracked", {}, TensorKind::Buffer);  // int64 counter, not used at inference
+    b.unused("bn.num_batches_tracked", {}, TensorKind::Counter);  // not used at inference
   }
   return w;
 }

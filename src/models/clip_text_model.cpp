@@ -78,7 +78,8 @@ ClipTextWeights declare_clip(const ClipTextConfig& c, ModelBuilder& b) {
   w.token = b.tensor("text_model.embeddings.token_embedding.weight", {c.vocab_size, h}, TensorKind::Embedding);
   w.position = b.tensor("text_model.embeddings.position_embedding.weight", {c.max_positions, h},
                         TensorKind::Embedding);
-  b.unused("text_model.embeddings.position_ids", {1, c.max_positions}, TensorKind::Buffer);
+  // A non-persistent buffer in transformers 5 (older checkpoints kept it).
+  b.unused("text_model.embeddings.position_ids", {1, c.max_positions}, TensorKind::Buffer, /*saved=*/false);
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string p = fmt::format("text_model.encoder.layers.{}.", i);
     ClipLayerWeights l;

@@ -30,14 +30,18 @@ std::vector<RandomTensor> random_tensors(const ModelTable& table, uint64_t seed)
 
   std::vector<RandomTensor> out;
   for (const auto& spec : table.tensors) {
-    if (spec.optional) continue;
+    if (!spec.saved) continue;
     int64_t n = 1;
     for (auto d : spec.shape) {
       if (d < 0) throw ConfigError(fmt::format("{}: tensor '{}' has a negative dimension", table.cls, spec.name));
       n *= d;
     }
+    RandomTensor t{spec.name, spec.shape, std::vector<float>(static_cast<size_t>(n)), spec.kind == TensorKind::Counter};
+    if (t.counter) {  // an integer counter starts at 0
+      out.push_back(std::move(t));
+      continue;
+    }
     const InitDistribution dist = init_distribution(spec);
-    RandomTensor t{spec.name, spec.shape, std::vector<float>(static_cast<size_t>(n))};
     for (int64_t i = 0; i < n; i += 2) {
       const double radius = std::sqrt(-2.0 * std::log(uniform())), angle = kTwoPi * uniform();
       t.values[static_cast<size_t>(i)] = static_cast<float>(dist.mean + dist.std * radius * std::cos(angle));
@@ -52,13 +56,21 @@ std::vector<RandomTensor> random_tensors(const ModelTable& table, uint64_t seed)
 int64_t write_random_weights(const ModelTable& table, uint64_t seed, const std::string& path) {
   const std::vector<RandomTensor> tensors = random_tensors(table, seed);
   std::vector<checkpoint::TensorPayload> payloads;
+  std::vector<std::vector<int64_t>> counters;  // I64 storage of the counters (zeros)
+  counters.reserve(tensors.size());
   int64_t bytes = 0;
   for (const auto& t : tensors) {
     checkpoint::TensorPayload p;
     p.name = t.name;
-    p.dtype = checkpoint::Dtype::F32;
     p.shape = t.shape;
-    p.data = t.values.data();
+    if (t.counter) {
+      counters.emplace_back(t.values.size(), 0);
+      p.dtype = checkpoint::Dtype::I64;
+      p.data = counters.back().data();
+    } else {
+      p.dtype = checkpoint::Dtype::F32;
+      p.data = t.values.data();
+    }
     bytes += static_cast<int64_t>(p.nbytes());
     payloads.push_back(std::move(p));
   }

@@ -31,12 +31,14 @@ struct RandomTensor {
   std::string name;
   std::vector<int64_t> shape;
   std::vector<float> values;
+  bool counter = false;  // TensorKind::Counter: written as I64 zeros
 };
 
-// Every non-optional tensor of `table`, in table order.
+// Every tensor of `table` that save_pretrained writes (TensorSpec::saved), in
+// table order; counters are zeros.
 std::vector<RandomTensor> random_tensors(const ModelTable& table, uint64_t seed);
 
-// Writes random_tensors(table, seed) to `path` as F32 safetensors with
+// Writes random_tensors(table, seed) to `path` as F32 safetensors (counters I64) with
 // __metadata__ {"format": "pt"}, atomically. Returns the bytes of tensor data.
 // CheckpointError naming `path` on I/O failure or when it exists.
 int64_t write_random_weights(const ModelTable& table, uint64_t seed, const std::string& path);

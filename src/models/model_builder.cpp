@@ -119,12 +119,13 @@ parallel::Weight ModelBuilder::tensor(const std::string& name, std::vector<int64
   return load(declare(std::move(s)));
 }
 
-void ModelBuilder::unused(const std::string& name, std::vector<int64_t> shape, TensorKind kind) {
+void ModelBuilder::unused(const std::string& name, std::vector<int64_t> shape, TensorKind kind, bool saved) {
   TensorSpec s;
   s.name = name;
   s.shape = std::move(shape);
   s.kind = kind;
   s.optional = true;
+  s.saved = saved;
   declare(std::move(s));
 }
 

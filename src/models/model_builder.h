@@ -92,9 +92,11 @@ class ModelBuilder {
   parallel::ParallelLinear linear(const std::string& name, int64_t out, int64_t in, const LinearDecl& d = {});
   // One replicated tensor.
   parallel::Weight tensor(const std::string& name, std::vector<int64_t> shape, TensorKind kind);
-  // A tensor the checkpoint may hold that the model never reads (a buffer
-  // older files keep, a tied copy): in the table as optional, never loaded.
-  void unused(const std::string& name, std::vector<int64_t> shape, TensorKind kind);
+  // A tensor the checkpoint may hold that the model never reads (a buffer, a
+  // tied copy, a part of the model tprun never runs): in the table as
+  // optional, never loaded. `saved`: whether save_pretrained writes it (so
+  // init-model does); false for tied copies and non-persistent buffers.
+  void unused(const std::string& name, std::vector<int64_t> shape, TensorKind kind, bool saved = true);
   // Conv2d `name`: ".weight" [out, in, k, k], ".bias" [out].
   Affine conv2d(const std::string& name, int64_t out, int64_t in, int64_t kernel);
   // GroupNorm / LayerNorm with affine parameters: ".weight", ".bias" [channels].

@@ -18,6 +18,7 @@ const char* tensor_kind_name(TensorKind k) {
     case TensorKind::Norm: return "norm";
     case TensorKind::Bias: return "bias";
     case TensorKind::Buffer: return "buffer";
+    case TensorKind::Counter: return "counter";
   }
   return "?";
 }

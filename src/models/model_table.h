@@ -22,7 +22,8 @@ namespace tprun::models {
 
 // What a tensor is, for the rules that depend on it (random init in
 // init-model, layerwise casting skips).
-enum class TensorKind { Linear, Conv, Embedding, Norm, Bias, Buffer };
+// Counter: an integer buffer (BatchNorm's num_batches_tracked), stored as I64.
+enum class TensorKind { Linear, Conv, Embedding, Norm, Bias, Buffer, Counter };
 const char* tensor_kind_name(TensorKind kind);
 
 struct TensorSpec {
@@ -35,7 +36,10 @@ struct TensorSpec {
   // form: the block index as '*', "transformer_blocks.*.attn.to_q"), for
   // every tensor of a planned module (a row-wise bias too); "" = not planned.
   std::string plan_key;
-  bool optional = false;  // may be absent from a checkpoint; never loaded (a buffer, a tied copy)
+  bool optional = false;  // may be absent from a checkpoint; never loaded (a buffer, a tied copy, a part never run)
+  // save_pretrained writes it (so `tprun init-model` does): false for tied
+  // copies and non-persistent buffers.
+  bool saved = true;
   std::string dtype;      // "" = the model's compute dtype; "fp32" = kept in fp32 whatever it is
 };
 

@@ -129,7 +129,7 @@ T5Weights declare_t5(const T5Config& c, const std::string& dtype, ModelBuilder& 
   T5Weights w;
   w.shared = b.tensor("shared.weight", {c.vocab_size, d}, TensorKind::Embedding);
   // Tied to shared.weight; save_pretrained drops it, older files may keep it.
-  b.unused("encoder.embed_tokens.weight", {c.vocab_size, d}, TensorKind::Embedding);
+  b.unused("encoder.embed_tokens.weight", {c.vocab_size, d}, TensorKind::Embedding, /*saved=*/false);
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string p = fmt::format("encoder.block.{}.layer.", i);
     T5BlockWeights blk;

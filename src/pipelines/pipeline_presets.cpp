@@ -92,7 +92,7 @@ void write_component(const fs::path& root, const std::string& component, const j
     throw ConfigError(fmt::format("{}: tprun has no tensor table for {}", config_path.string(), cls));
   }
   summary.bytes += write_random_weights(*table, component_seed(seed, component), (dir / weights_file).string());
-  for (const auto& t : table->tensors) summary.tensors += t.optional ? 0 : 1;
+  for (const auto& t : table->tensors) summary.tensors += t.saved ? 1 : 0;
 }
 
 // Moves the finished folder into place: `dir` is absent, an empty folder, or

@@ -311,9 +311,10 @@ TEST(InitWeights, SeededNormalsWithTheRightMoments) {
   table.tensors = {spec("lin.weight", {128, 256}), spec("lin.bias", {4001}, false, models::TensorKind::Bias),
                    spec("norm.weight", {4001}, false, models::TensorKind::Norm),
                    spec("extra.weight", {3, 3}, /*optional=*/true)};
+  table.tensors.back().saved = false;  // e.g. a tied copy
   const auto a = models::random_tensors(table, 7), b = models::random_tensors(table, 7),
              c = models::random_tensors(table, 8);
-  ASSERT_EQ(a.size(), 3u);  // the optional tensor is not written
+  ASSERT_EQ(a.size(), 3u);  // the tensor save_pretrained does not write is not written
   EXPECT_EQ(a[0].values, b[0].values);
   EXPECT_NE(a[0].values, c[0].values);
   auto moments = [](const std::vector<float>& v) {
