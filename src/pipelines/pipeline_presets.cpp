@@ -1,6 +1,5 @@
 #include "pipelines/pipeline_presets.h"
 
-#include <unistd.h>
 
 #include <filesystem>
 #include <numeric>
@@ -8,48 +7,25 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "checkpoint/safetensors_writer.h"
-#include "models/init_weights.h"
-#include "models/model_registry.h"
 #include "pipelines/bpe_trainer.h"
+#include "pipelines/preset_writer.h"
 #include "pipelines/tokenizer_files.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
 
-using models::component_seed;
-using models::model_table_for;
-using models::write_random_weights;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
-constexpr const char* kDiffusersVersion = "0.40.0";
 constexpr const char* kTransformersVersion = "4.57.6";  // the config layout of the reference text encoders
 constexpr int64_t kLatentChannels = 16;
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-json scheduler_config() {
-  // FLUX.1-dev's scheduler/scheduler_config.json (shared/ref/flow_match_scheduler).
-  return {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
-          {"_diffusers_version", kDiffusersVersion},
-          {"base_image_seq_len", 256},
-          {"base_shift", 0.5},
-          {"invert_sigmas", false},
-          {"max_image_seq_len", 4096},
-          {"max_shift", 1.15},
-          {"num_train_timesteps", 1000},
-          {"shift", 3.0},
-          {"shift_terminal", nullptr},
-          {"stochastic_sampling", false},
-          {"time_shift_type", "exponential"},
-          {"use_beta_sigmas", false},
-          {"use_dynamic_shifting", true},
-          {"use_exponential_sigmas", false},
-          {"use_karras_sigmas", false}};
-}
+// FLUX.1-dev's scheduler/scheduler_config.json (shared/ref/flow_match_scheduler).
+json scheduler_config() { return flow_match_scheduler_config(); }
 
 json model_index() {
   return {{"_class_name", "FluxPipeline"},
@@ -73,50 +49,6 @@ int64_t get_int(const json& config, const char* field, const char* component) {
 
 void require(bool ok, const std::string& message) {
   if (!ok) throw ConfigError(message);
-}
-
-void write_json(const fs::path& path, const json& j) {
-  checkpoint::write_file_atomically(path.string(), j.dump(2) + "\n", /*overwrite=*/false);
-}
-
-// config.json + random weights of one component.
-void write_component(const fs::path& root, const std::string& component, const json& config,
-                     const std::string& weights_file, uint64_t seed, InitModelSummary& summary) {
-  const fs::path dir = root / component, config_path = dir / "config.json";
-  fs::create_directories(dir);
-  write_json(config_path, config);
-  const auto table = model_table_for(config, config_path.string());
-  if (!table) {
-    const std::string cls = config.contains("_class_name") ? config["_class_name"].dump()
-                                                           : config.value("architectures", json::array()).dump();
-    throw ConfigError(fmt::format("{}: tprun has no tensor table for {}", config_path.string(), cls));
-  }
-  summary.bytes += write_random_weights(*table, component_seed(seed, component), (dir / weights_file).string());
-  for (const auto& t : table->tensors) summary.tensors += t.saved ? 1 : 0;
-}
-
-// Moves the finished folder into place: `dir` is absent, an empty folder, or
-// (force) a folder that is replaced.
-void commit_folder(const fs::path& tmp, const fs::path& dir) {
-  std::error_code ec;
-  if (!fs::exists(dir)) {
-    fs::rename(tmp, dir);
-    return;
-  }
-  if (fs::is_empty(dir)) {
-    fs::remove(dir);
-    fs::rename(tmp, dir);
-    return;
-  }
-  const fs::path old = dir.string() + ".old-" + std::to_string(::getpid());
-  fs::rename(dir, old);
-  try {
-    fs::rename(tmp, dir);
-  } catch (...) {
-    fs::rename(old, dir, ec);
-    throw;
-  }
-  fs::remove_all(old, ec);
 }
 
 }  // namespace
@@ -273,29 +205,9 @@ void check_flux_pipeline_configs(const FluxPipelineConfigs& c, int64_t clip_voca
                         groups, ch.get<int64_t>()));
 }
 
-InitModelSummary write_flux_pipeline(const std::string& dir_arg, const FluxPreset& preset, uint64_t seed,
-                                     bool force) {
-  std::string trimmed = dir_arg;
-  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-  if (trimmed.empty()) throw ConfigError("init-model: the output folder is empty");
-  const fs::path dir(trimmed);
-  std::error_code ec;
-  const fs::file_status status = fs::status(dir, ec);
-  if (ec && status.type() != fs::file_type::not_found)
-    throw ConfigError(fmt::format("{}: cannot be inspected: {}", trimmed, ec.message()));
-  if (fs::exists(status)) {
-    if (!fs::is_directory(status))
-      throw ConfigError(fmt::format("{}: exists and is not a folder; choose another output folder", trimmed));
-    const bool empty = fs::is_empty(dir, ec);
-    if (ec) throw ConfigError(fmt::format("{}: cannot be listed: {}", trimmed, ec.message()));
-    if (!empty && !force)
-      throw ConfigError(fmt::format("{}: exists and is not empty; pass --force to replace it", trimmed));
-  }
-  const fs::path tmp = trimmed + ".tmp-" + std::to_string(::getpid());
-  fs::remove_all(tmp, ec);
+InitModelSummary write_flux_pipeline(const std::string& dir, const FluxPreset& preset, uint64_t seed, bool force) {
   InitModelSummary summary;
-  try {
-    fs::create_directories(tmp);
+  write_output_folder(dir, force, [&](const fs::path& tmp) {
     const auto& corpus = pipelines::bundled_corpus();
     summary.clip_vocab_size = pipelines::write_clip_tokenizer(
         (tmp / "tokenizer").string(), pipelines::train_clip_bpe(corpus, preset.clip_merges));
@@ -310,14 +222,7 @@ InitModelSummary write_flux_pipeline(const std::string& dir_arg, const FluxPrese
     write_component(tmp, "vae", c.vae, "diffusion_pytorch_model.safetensors", seed, summary);
     write_component(tmp, "text_encoder", c.text_encoder, "model.safetensors", seed, summary);
     write_component(tmp, "text_encoder_2", c.text_encoder_2, "model.safetensors", seed, summary);
-    commit_folder(tmp, dir);
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp, ec);
-    throw ConfigError(fmt::format("{}: cannot write the pipeline folder: {}", trimmed, e.what()));
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
   return summary;
 }
 

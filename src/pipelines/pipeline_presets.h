@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pipelines/preset_writer.h"
+
 namespace tprun::pipelines {
 
 
@@ -57,11 +59,6 @@ FluxPipelineConfigs flux_pipeline_configs(const FluxPreset& preset, int64_t clip
 void check_flux_pipeline_configs(const FluxPipelineConfigs& configs, int64_t clip_vocab_size,
                                  int64_t t5_tokenizer_length);
 
-struct InitModelSummary {
-  int64_t tensors = 0;  // written, all components
-  int64_t bytes = 0;    // of tensor data
-  int64_t clip_vocab_size = 0, t5_tokenizer_length = 0;
-};
 
 // Writes the whole pipeline folder to `dir`, atomically: it is built in
 // `dir`.tmp-<pid> and renamed into place (removed again on failure). An

@@ -1,0 +1,91 @@
+#pragma once
+// diffusers' Flux2Pipeline (FLUX.2 [dev]) and Flux2KleinPipeline (FLUX.2
+// [klein]) text to image over tprun's components, one object per process:
+// the Flux2 transformer sharded over the TP group, the decoder-only text
+// encoder (klein: Qwen3; dev: the language model of Mistral-Small 3.x)
+// sharded over the TP group too unless PipelineOptions says otherwise (a 24B
+// encoder replicated on every rank does not fit most GPUs), the
+// AutoencoderKLFlux2 on TP rank 0 only (the rank that writes images).
+//
+// One request runs as the diffusers pipelines' __call__ for one prompt:
+//   encode    klein: the Qwen3 chat template (user message, generation prompt,
+//             thinking off); dev: Mistral's template with the FLUX.2 system
+//             message. Padded to max_sequence_length (default 512), the
+//             text encoder's hidden states of layers (9, 18, 27) (klein) /
+//             (10, 20, 30) (dev) stacked into [1, S, 3 * hidden]; text ids
+//             (0, 0, 0, l). Embeddings are kept per (prompt,
+//             max_sequence_length) in a bounded cache (prompt_cache.h).
+//   latents   seeded noise drawn in the patchified shape (flux2_latents.h).
+//   schedule  sigmas linspace(1, 1/n, n), mu = compute_empirical_mu(tokens, n).
+//   denoise   per step: transformer(latents, t / 1000, text, ids); dev passes
+//             the distilled guidance embedding `guidance`; klein runs true CFG
+//             with the empty negative prompt when the folder is not distilled
+//             (model_index.json "is_distilled") and guidance > 1:
+//             neg + guidance * (cond - neg); Euler step.
+//   decode    unpack, de-normalise with the VAE's latent batch-norm
+//             statistics, unpatchify, VAE decode, clamp(x / 2 + 0.5, 0, 1),
+//             uint8 = round(x * 255).
+// Defaults (both pipelines' __call__): 1024 x 1024 (default_sample_size 128
+// x vae_scale_factor), 50 steps, guidance 4.0, max_sequence_length 512.
+// Tensors a request may give instead of a stage's output
+// (GenerationRequest::given): prompt_embeds, negative_prompt_embeds (klein),
+// latents (packed [1, tokens, in_channels] initial noise).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/tensor_map.h"
+#include "pipelines/pipeline.h"
+
+namespace tprun::pipelines {
+
+class Flux2Pipeline final : public Pipeline {
+ public:
+  static constexpr const char* kClass = "Flux2Pipeline";            // FLUX.2 [dev]
+  static constexpr const char* kKleinClass = "Flux2KleinPipeline";  // FLUX.2 [klein]
+
+  // `folder`: a diffusers Flux2Pipeline or Flux2KleinPipeline folder. Reads
+  // every config, checks that the components fit together (joint_attention_dim
+  // = 3 x the text encoder's hidden size, in_channels = 4 x the VAE's latent
+  // channels, the text encoder has the layers the pipeline stacks, the
+  // tokenizer and its chat template are ones tprun knows), validates the TP
+  // plans, then loads. Errors name the folder, component and field.
+  static std::unique_ptr<Flux2Pipeline> load(const std::string& folder, const parallel::TpContext& tp,
+                                             const PipelineOptions& options = {});
+
+  std::string class_name() const override;
+  GenerationRequest with_defaults(GenerationRequest request) const override;
+  // RequestError naming the field: sizes (multiples of 2 x the VAE scale
+  // factor), steps, guidance, max_sequence_length in [1, 512], given tensors'
+  // shapes, a negative prompt or true_cfg_scale where the pipeline has none.
+  void check_request(const GenerationRequest& request) const override;
+  std::string batch_key(const GenerationRequest& request) const override;
+  double cost(const GenerationRequest& request) const override;
+  std::vector<GenerationResult> generate_batch(const std::vector<GenerationRequest>& requests,
+                                               const StepCallback& on_step = {}) const override;
+  // Packed latents: [image tokens, in_channels (4 x latent channels)].
+  std::vector<int64_t> latent_shape(int64_t height, int64_t width) const override;
+
+  bool decodes() const override;
+  const std::string& folder() const override;
+  const std::string& dtype() const override;
+  uint64_t bytes_loaded() const override;
+  int64_t transformer_all_reduces() const override;
+  PromptCacheStats prompt_cache_stats() const override;
+
+  // {"prompt_embeds" [1, max_sequence_length, 3 * hidden]} as the pipeline's
+  // encode_prompt returns it (through the cache).
+  models::TensorMap encode_prompt(const std::string& prompt, int64_t max_sequence_length) const;
+  bool klein() const;
+  // klein: true CFG runs for this guidance (not distilled, guidance > 1).
+  bool true_cfg(double guidance) const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace tprun::pipelines
