@@ -404,4 +404,22 @@ PromptCacheStats Flux2Pipeline::prompt_cache_stats() const { return impl_->cache
 TPRUN_REGISTER_PIPELINE(Flux2Pipeline);
 TPRUN_REGISTER_PIPELINE_AS(Flux2Pipeline::kKleinClass, Flux2Pipeline);
 
+namespace {
+
+// The chat-templated prompt padded to max_sequence_length, as the pipelines' encode_prompt.
+std::vector<PromptTokens> flux2_tokenize(const std::string& folder, const std::string& prompt,
+                                         int64_t max_sequence_length) {
+  const auto pf = checkpoint::open_pipeline_folder(folder);
+  const bool klein = pf.cls == Flux2Pipeline::kKleinClass;
+  const auto& tok = component(pf, "tokenizer");
+  const HfTokenizer tokenizer = HfTokenizer::load(tok.path, tok.cls);
+  return {{"tokenizer", klein ? "Qwen3 chat template" : "Mistral chat template with the FLUX.2 system message",
+           tokenizer.encode_chat(klein ? flux2_klein_chat(prompt) : flux2_dev_chat(prompt), max_sequence_length)}};
+}
+
+}  // namespace
+
+TPRUN_REGISTER_PROMPT_TOKENIZER(Flux2Pipeline::kClass, flux2_tokenize);
+TPRUN_REGISTER_PROMPT_TOKENIZER(Flux2Pipeline::kKleinClass, flux2_tokenize);
+
 }  // namespace tprun::pipelines

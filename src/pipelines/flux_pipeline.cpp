@@ -419,4 +419,20 @@ PromptCacheStats FluxPipeline::prompt_cache_stats() const { return impl_->cache-
 
 TPRUN_REGISTER_PIPELINE(FluxPipeline);
 
+namespace {
+
+// CLIP padded to its model_max_length (77), T5 to max_sequence_length, as FluxPipeline.encode_prompt.
+std::vector<PromptTokens> flux_tokenize(const std::string& folder, const std::string& prompt,
+                                        int64_t max_sequence_length) {
+  const auto pf = checkpoint::open_pipeline_folder(folder);
+  const ClipTokenizer clip(component(pf, "tokenizer").path);
+  const T5Tokenizer t5(component(pf, "tokenizer_2").path);
+  return {{"tokenizer", "CLIP", clip.encode(prompt, clip.model_max_length())},
+          {"tokenizer_2", "T5", t5.encode(prompt, max_sequence_length)}};
+}
+
+}  // namespace
+
+TPRUN_REGISTER_PROMPT_TOKENIZER(FluxPipeline::kClass, flux_tokenize);
+
 }  // namespace tprun::pipelines

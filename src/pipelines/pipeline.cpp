@@ -16,6 +16,11 @@ std::map<std::string, PipelineLoader>& registry() {
   return r;
 }
 
+std::map<std::string, PromptTokenizer>& tokenizers() {
+  static std::map<std::string, PromptTokenizer> r;
+  return r;
+}
+
 }  // namespace
 
 namespace detail {
@@ -23,7 +28,29 @@ bool register_pipeline(const char* cls, PipelineLoader loader) {
   registry()[cls] = std::move(loader);
   return true;
 }
+bool register_prompt_tokenizer(const char* cls, PromptTokenizer tokenizer) {
+  tokenizers()[cls] = std::move(tokenizer);
+  return true;
+}
 }  // namespace detail
+
+std::vector<PromptTokens> tokenize_prompt(const std::string& folder, const std::string& prompt,
+                                          int64_t max_sequence_length) {
+  if (!checkpoint::is_pipeline_folder(folder)) {
+    throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
+  }
+  const auto pf = checkpoint::open_pipeline_folder(folder);
+  auto it = tokenizers().find(pf.cls);
+  if (it == tokenizers().end()) {
+    std::vector<std::string> known;
+    for (const auto& [name, fn] : tokenizers()) known.push_back(name);
+    throw ConfigError(fmt::format("{}/model_index.json: _class_name '{}' is not a pipeline tprun can tokenize for "
+                                  "(known: {})",
+                                  folder, pf.cls, fmt::join(known, ", ")),
+                      true);
+  }
+  return it->second(folder, prompt, max_sequence_length);
+}
 
 double StageTimes::denoise_s() const {
   double s = 0;

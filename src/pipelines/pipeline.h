@@ -18,6 +18,7 @@
 #include "parallel/tp_context.h"
 #include "pipelines/generation_request.h"
 #include "pipelines/prompt_cache.h"
+#include "pipelines/tokenizer_common.h"
 
 namespace at {
 class Tensor;
@@ -94,6 +95,20 @@ class Pipeline {
   virtual PromptCacheStats prompt_cache_stats() const = 0;
 };
 
+// The ids a pipeline folder's tokenizers give a prompt, exactly as the
+// pipeline passes them to its text encoders (`tprun tokenize`); no weight is
+// read. One entry per tokenizer component ("tokenizer", "tokenizer_2").
+struct PromptTokens {
+  std::string component;    // the tokenizer's component folder
+  std::string description;  // "CLIP", "T5", "Qwen3 chat template", ...
+  TokenizerOutput output;
+};
+using PromptTokenizer = std::function<std::vector<PromptTokens>(const std::string& folder, const std::string& prompt,
+                                                                int64_t max_sequence_length)>;
+// ConfigError naming the folder and the known classes for a class without one.
+std::vector<PromptTokens> tokenize_prompt(const std::string& folder, const std::string& prompt,
+                                          int64_t max_sequence_length);
+
 using PipelineLoader = std::function<std::unique_ptr<Pipeline>(const std::string& folder, const parallel::TpContext& tp,
                                                                const PipelineOptions& options)>;
 
@@ -106,6 +121,7 @@ std::vector<std::string> pipeline_names();
 
 namespace detail {
 bool register_pipeline(const char* cls, PipelineLoader loader);
+bool register_prompt_tokenizer(const char* cls, PromptTokenizer tokenizer);
 }
 
 }  // namespace tprun::pipelines
@@ -123,3 +139,8 @@ bool register_pipeline(const char* cls, PipelineLoader loader);
           name, [](const std::string& folder, const ::tprun::parallel::TpContext& tp,                  \
                         const ::tprun::pipelines::PipelineOptions& options)                             \
                          -> std::unique_ptr<::tprun::pipelines::Pipeline> { return P::load(folder, tp, options); })
+
+// In the pipeline's own .cpp: TPRUN_REGISTER_PROMPT_TOKENIZER("FluxPipeline", fn);
+#define TPRUN_REGISTER_PROMPT_TOKENIZER(name, fn)                                                    \
+  static const bool TPRUN_PIPELINE_CONCAT(tprun_tokenizer_registered_, __LINE__) [[maybe_unused]] = \
+      ::tprun::pipelines::detail::register_prompt_tokenizer(name, fn)

@@ -5,7 +5,8 @@ writes (random weights, tokenizers learned from the bundled text, no download).
 Cases (one ctest entry each; `flux2_pipeline_parity.py TPRUN MPIRUN CASE`):
   folders   `init-model --arch flux2-klein | flux2-dev`: every component loads in diffusers /
             transformers with no missing or unexpected key (output_loading_info), the tokenizer
-            loads as the class model_index.json names (Qwen2TokenizerFast, PixtralProcessor).
+            loads as the class model_index.json names (Qwen2TokenizerFast, PixtralProcessor), and
+            `tprun tokenize` gives the templated ids the pipeline's encode step gives.
   klein     `tprun generate` vs Flux2KleinPipeline(prompt, seed), fp32, at tp 1 and 2: true CFG
             (guidance 4, the empty negative prompt), no CFG (guidance 1) and a distilled folder
             (is_distilled: guidance 4 without CFG); final packed latents (diffusers' latents at the
@@ -132,6 +133,21 @@ def case_folders(work):
         tok = loader.from_pretrained(os.path.join(d, "tokenizer"))
         check(type(tok).__name__.startswith(tok_cls.replace("Fast", "")),
               f"{arch} tokenizer loads as {type(tok).__name__} (model_index.json: {tok_cls})")
+        # `tprun tokenize` gives the ids the pipeline's own encode step gives.
+        pipe_cls = pipeline_class(d)
+        if tok_cls == "PixtralProcessor":
+            from diffusers.pipelines.flux2.pipeline_flux2 import format_input
+            want = tok.apply_chat_template(format_input([PROMPT]), add_generation_prompt=False, tokenize=True,
+                                           return_dict=True, padding="max_length", truncation=True,
+                                           max_length=96)["input_ids"][0]
+        else:
+            text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
+                                           add_generation_prompt=True, enable_thinking=False)
+            want = tok(text, padding="max_length", truncation=True, max_length=96)["input_ids"]
+        r = subprocess.run([TPRUN, "tokenize", "--model", d, "--prompt", PROMPT, "--max-sequence-length", "96",
+                            "--json"], capture_output=True, text=True)
+        got = json.loads(r.stdout)["tokenizer"] if r.returncode == 0 else r.stderr
+        check(got == [int(i) for i in want], f"{arch}: tprun tokenize ids equal {pipe_cls.__name__}'s ({len(want)} ids)")
 
 
 def case_klein(work):
