@@ -6,6 +6,19 @@
 //                    enable_parallelism)
 //   sequential       a plain sequential read of as many bytes as shard-on-load
 //                    reads, in 16 MiB chunks, into memory that is kept (the floor)
+//   model-load       the component loaded for real through the model registry
+//                    (models::load_model, shard-on-load), exactly as a pipeline
+//                    loads it: its own tensor order, dtype and layer cut
+// What is read (--plan):
+//   table   (default) every tensor of the checkpoint, each with the slice the
+//           model's table gives it (a tensor the table does not know: whole)
+//   model   the tensors and slices the model's own load reads, found by a dry
+//           run of that load (through the registry, with a source that records
+//           each read and reads nothing): tensors the model never reads (a
+//           Mistral3 checkpoint's vision tower, projector and lm_head) and the
+//           layers a --hidden-layers cut leaves out are not read. --hidden-layers
+//           (ModelOptions::hidden_layers: the FLUX.2 pipelines' 9,18,27 /
+//           10,20,30) implies it; model-load always reads what the model reads.
 // --drop: every tensor (every 16 MiB chunk for sequential) is released as
 // soon as it has been read, for a rank whose slices do not fit in this
 // machine's memory. Bytes read and time are still the load's; peak RSS growth
@@ -22,6 +35,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <set>
 
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
@@ -30,6 +44,8 @@
 #include "checkpoint/component_checkpoint.h"
 #include "checkpoint/safetensors_source.h"
 #include "checkpoint/shard_loader.h"
+#include "cli/model_args.h"
+#include "dist/communicator.h"
 #include "models/model_registry.h"
 #include "runtime/error.h"
 #include "runtime/size_string.h"
@@ -61,6 +77,62 @@ void reset_peak_rss() {
   out << "5";
 }
 
+// The TP group this one process plays a rank of: a load calls no collective
+// (any call is an internal error), it only needs the group's size and rank.
+class SimulatedGroup final : public dist::Communicator {
+ public:
+  SimulatedGroup(int rank, int size) : dist::Communicator("simulated tp"), rank_(rank), size_(size) {}
+  const char* backend() const override { return "none"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce(at::Tensor&, const dist::AllReduceOptions&) override { fail("all_reduce"); }
+  at::Tensor all_gather(const at::Tensor&, const dist::AllGatherOptions&) override { fail("all_gather"); }
+  void broadcast(at::Tensor&, const dist::BroadcastOptions&) override { fail("broadcast"); }
+  void barrier() override { fail("barrier"); }
+
+ private:
+  [[noreturn]] static void fail(const char* what) {
+    throw Error(Error::Kind::Internal, fmt::format("bench load: a model load called {} on its simulated TP group", what));
+  }
+  int rank_, size_;
+};
+
+// A source that records what a load asks for (tensor and shard request, in
+// the order asked) and reads nothing: the destination buffers stay untouched
+// (fresh, unwritten pages cost no memory), so a dry run of a load larger than
+// this machine's memory is fine when the compute dtype is the stored one.
+class RecordingSource final : public checkpoint::WeightSource {
+ public:
+  explicit RecordingSource(checkpoint::WeightSource& inner) : inner_(inner) {}
+  const std::string& path() const override { return inner_.path(); }
+  std::vector<std::string> tensor_names() const override { return inner_.tensor_names(); }
+  bool contains(const std::string& name) const override { return inner_.contains(name); }
+  checkpoint::StoredTensor describe(const std::string& name) const override { return inner_.describe(name); }
+  void read_slice(const std::string& name, const checkpoint::ShardRequest& request, const checkpoint::SlicePlan&,
+                  void*) override {
+    reads.push_back({name, request});
+  }
+  size_t file_of(const std::string& name) const override { return inner_.file_of(name); }
+  uint64_t bytes_read() const override { return 0; }
+  std::vector<checkpoint::LoadItem> reads;
+
+ private:
+  checkpoint::WeightSource& inner_;
+};
+
+// The compute dtype that keeps a checkpoint's tensors as stored (fp32 | bf16 |
+// fp16): the dtype of most of its bytes.
+std::string stored_compute_dtype(const checkpoint::ComponentCheckpoint& ck) {
+  uint64_t f32 = 0, bf16 = 0, f16 = 0;
+  for (const auto& name : ck.tensor_names()) {
+    const auto* e = ck.locate(name).entry;
+    if (e->dtype == checkpoint::Dtype::BF16) bf16 += e->nbytes();
+    else if (e->dtype == checkpoint::Dtype::F16) f16 += e->nbytes();
+    else f32 += e->nbytes();
+  }
+  return bf16 >= f16 && bf16 > f32 ? "bf16" : f16 > f32 ? "fp16" : "fp32";
+}
+
 }  // namespace
 
 void add_load_bench_options(po::options_description& desc) {
@@ -70,7 +142,13 @@ void add_load_bench_options(po::options_description& desc) {
       ("tp", po::value<int>()->default_value(1), "TP size of the simulated group")
       ("rank", po::value<int>()->default_value(0), "which TP rank this process plays")
       ("mode", po::value<std::string>()->default_value("shard-on-load"),
-       "shard-on-load | load-then-shard | sequential")
+       "shard-on-load | load-then-shard | sequential | model-load")
+      ("plan", po::value<std::string>()->default_value("table"),
+       "what is read: table (every tensor of the checkpoint, sliced by the model's table) | model (what the "
+       "model's own load reads: a dry run of it)")
+      ("hidden-layers", po::value<std::string>(),
+       "decoder text encoders: the hidden states the caller needs (FLUX.2: 9,18,27 klein, 10,20,30 dev); later "
+       "layers, the final norm and lm_head are not read. Implies --plan model")
       ("dtype", po::value<std::string>()->default_value(""), "compute dtype (default: as stored)")
       ("shard-modulation", po::bool_switch(), "shard the AdaLN modulation linears (rowwise_split_input)")
       ("drop", po::bool_switch(),
@@ -85,23 +163,61 @@ int run_load_bench(const po::variables_map& vm) {
   const int tp = vm["tp"].as<int>(), rank = vm["rank"].as<int>();
   const std::string mode = vm["mode"].as<std::string>();
   const bool drop = vm["drop"].as<bool>();
-  if (mode != "sequential" && mode != "shard-on-load" && mode != "load-then-shard") {
-    throw ConfigError(fmt::format("--mode '{}' is not shard-on-load, load-then-shard or sequential", mode), true);
+  if (mode != "sequential" && mode != "shard-on-load" && mode != "load-then-shard" && mode != "model-load") {
+    throw ConfigError(
+        fmt::format("--mode '{}' is not shard-on-load, load-then-shard, sequential or model-load", mode), true);
   }
   if (tp < 1 || rank < 0 || rank >= tp) throw ConfigError(fmt::format("--rank {} is not a rank of tp {}", rank, tp), true);
+  if (drop && mode == "model-load") throw ConfigError("--drop does not apply to --mode model-load (the model keeps its weights)", true);
+  std::string plan = vm["plan"].as<std::string>();
+  if (plan != "table" && plan != "model") throw ConfigError(fmt::format("--plan '{}' is not table or model", plan), true);
   auto ck = std::make_shared<const checkpoint::ComponentCheckpoint>(checkpoint::ComponentCheckpoint::open(model));
+  const std::string config_path = model + "/config.json";
   models::ModelOptions topts;
   topts.shard_modulation = vm["shard-modulation"].as<bool>();
-  auto table = models::model_table_for(ck->config(), model + "/config.json", topts);
+  if (vm.count("hidden-layers")) {
+    topts.hidden_layers = parse_hidden_layers(vm["hidden-layers"].as<std::string>());
+    plan = "model";
+  }
+  if (mode == "model-load") plan = "model";
+  auto table = models::model_table_for(ck->config(), config_path, topts);
   if (!table) throw ConfigError(fmt::format("{}: no model table for this class; cannot plan slices", model), true);
+  SimulatedGroup group(rank, tp);
+  const parallel::TpContext tp_context{rank, tp, tp > 1 ? &group : nullptr};
 
+  std::vector<checkpoint::LoadItem> plan_items;
+  if (plan == "table") {
+    for (const auto& name : ck->tensor_names()) {
+      // Tensors the model does not know are read whole.
+      plan_items.push_back({name, table->find(name) ? table->request(name, rank, tp) : checkpoint::ShardRequest{}});
+    }
+  } else {
+    // A dry run of the model's own load, in the stored dtype (no conversion
+    // touches the unread buffers); the model is dropped at once.
+    checkpoint::SafetensorsSource real(ck);
+    RecordingSource rec(real);
+    models::ModelOptions o = topts;
+    o.dtype = stored_compute_dtype(*ck);
+    (void)models::load_model(rec, ck->config(), config_path, tp_context, o);
+    plan_items = std::move(rec.reads);
+  }
   std::vector<checkpoint::LoadItem> items;
-  uint64_t slice_bytes = 0, replicated_bytes = 0, planned_full = 0;
-  for (const auto& name : ck->tensor_names()) {
-    // Tensors the model does not know are read whole.
-    checkpoint::LoadItem it{name, table->find(name) ? table->request(name, rank, tp) : checkpoint::ShardRequest{}};
+  uint64_t slice_bytes = 0, replicated_bytes = 0, planned_full = 0, skipped_bytes = 0, largest_planned = 0;
+  int64_t skipped_tensors = 0;
+  {
+    std::set<std::string> planned;
+    for (const auto& it : plan_items) planned.insert(it.name);
+    for (const auto& name : ck->tensor_names()) {
+      if (planned.count(name)) continue;
+      skipped_bytes += ck->locate(name).entry->nbytes();
+      ++skipped_tensors;
+    }
+  }
+  for (auto& it : plan_items) {
+    const std::string& name = it.name;
     const auto* e = ck->locate(name).entry;
     const uint64_t b = checkpoint::plan_slice(name, e->shape, checkpoint::dtype_bits(e->dtype), it.request).bytes;
+    largest_planned = std::max(largest_planned, b);
     if (it.request.style == checkpoint::ShardStyle::Replicated) {
       replicated_bytes += b;
     } else {
@@ -110,6 +226,7 @@ int run_load_bench(const po::variables_map& vm) {
     }
     items.push_back(std::move(it));
   }
+  plan_items.clear();
 
   const uint64_t rss_before = proc_status_kb("VmRSS:") * 1024;
   reset_peak_rss();
@@ -120,8 +237,16 @@ int run_load_bench(const po::variables_map& vm) {
   const uint64_t rchar_self = rchar_before - rchar_probe;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<at::Tensor> held;
+  std::unique_ptr<models::Model> loaded_model;
   uint64_t held_bytes = 0, loaded_bytes = 0, largest_item = 0;
-  if (mode == "sequential") {
+  if (mode == "model-load") {
+    checkpoint::SafetensorsSource src(ck);
+    models::ModelOptions o = topts;
+    o.dtype = vm["dtype"].as<std::string>().empty() ? stored_compute_dtype(*ck) : vm["dtype"].as<std::string>();
+    loaded_model = models::load_model(src, ck->config(), config_path, tp_context, o);
+    loaded_bytes = held_bytes = loaded_model->bytes_loaded();
+    largest_item = largest_planned;
+  } else if (mode == "sequential") {
     // The same number of bytes, read front to back in 16 MiB reads into
     // memory that is kept (a load has to land its bytes somewhere), with the
     // same page-cache advice as the loader. With --drop each chunk still
@@ -192,6 +317,11 @@ int run_load_bench(const po::variables_map& vm) {
   nlohmann::json j = {{"model", model},
                       {"mode", mode},
                       {"shard_modulation", topts.shard_modulation},
+                      {"class", table->cls},
+                      {"plan", plan},
+                      {"hidden_layers", topts.hidden_layers},
+                      {"skipped_bytes", skipped_bytes},
+                      {"skipped_tensors", skipped_tensors},
                       {"tp", tp},
                       {"rank", rank},
                       {"checkpoint_bytes", ck->total_bytes()},

@@ -37,6 +37,24 @@ void add_model_options(po::options_description& desc, bool with_component) {
   desc.add(m);
 }
 
+std::vector<int64_t> parse_hidden_layers(const std::string& text, const std::string& option) {
+  std::vector<int64_t> layers;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    char* stop = nullptr;
+    const long v = std::strtol(item.c_str(), &stop, 10);
+    if (item.empty() || *stop != '\0' || v < 0 || v > 100000) {
+      throw ConfigError(fmt::format("{} '{}': expected layer numbers like 9,18,27", option, text), true);
+    }
+    layers.push_back(v);
+    start = end + 1;
+  }
+  return layers;
+}
+
 ModelArgs model_args_from(const po::variables_map& vm) {
   ModelArgs a;
   if (!vm.count("model")) throw ConfigError("--model is required", true);
@@ -46,22 +64,7 @@ ModelArgs model_args_from(const po::variables_map& vm) {
   a.dtype = vm["dtype"].as<std::string>();
   (void)checkpoint::parse_compute_dtype(a.dtype, "--dtype");  // ConfigError naming the option
   a.shard_modulation = vm["shard-modulation"].as<bool>();
-  if (vm.count("hidden-layers")) {
-    const std::string text = vm["hidden-layers"].as<std::string>();
-    size_t start = 0;
-    while (start <= text.size()) {
-      size_t end = text.find(',', start);
-      if (end == std::string::npos) end = text.size();
-      const std::string item = text.substr(start, end - start);
-      char* stop = nullptr;
-      const long v = std::strtol(item.c_str(), &stop, 10);
-      if (item.empty() || *stop != '\0' || v < 0 || v > 100000) {
-        throw ConfigError(fmt::format("--hidden-layers '{}': expected layer numbers like 9,18,27", text), true);
-      }
-      a.hidden_layers.push_back(v);
-      start = end + 1;
-    }
-  }
+  if (vm.count("hidden-layers")) a.hidden_layers = parse_hidden_layers(vm["hidden-layers"].as<std::string>());
   if (!std::filesystem::exists(a.model)) throw ConfigError(fmt::format("--model {}: no such file or folder", a.model), true);
   std::string folder = a.component;
   if (a.component == "vae_decoder" || a.component == "vae_encoder") {

@@ -32,6 +32,10 @@ void add_model_options(boost::program_options::options_description& desc, bool w
 // ConfigError (all ranks) for a missing model, an unknown component, a bad dtype.
 ModelArgs model_args_from(const boost::program_options::variables_map& vm);
 
+// "9,18,27" -> {9, 18, 27} (the --hidden-layers value); ConfigError naming
+// `option` for anything else.
+std::vector<int64_t> parse_hidden_layers(const std::string& text, const std::string& option = "--hidden-layers");
+
 // Loads the component at `tp` on `device` through the model registry
 // (validation first: errors name the tensor or the numbers). ConfigError
 // for a class tprun has no model for.

@@ -48,21 +48,10 @@ const json* object_field(const json& c, const char* field, const std::string& pa
   return &c[field];
 }
 
-// A finite number in (0, max]; `fallback` when absent or null.
-double positive_number(const json& c, const std::string& field, const std::string& path, double fallback,
-                       double max) {
-  const double v = config_number_or(c, field, path, fallback);
-  if (!std::isfinite(v) || v <= 0 || v > max) {
-    throw CheckpointError(fmt::format("{}: field '{}' = {} must be a positive number of at most {}", path, field, v,
-                                      max));
-  }
-  return v;
-}
-
 std::optional<double> optional_positive(const json& c, const std::string& field, const std::string& path,
                                         double max) {
   if (!c.contains(field) || c[field].is_null()) return std::nullopt;
-  return positive_number(c, field, path, 1.0, max);
+  return config_positive_number(c, field, path, 1.0, max);
 }
 
 // An optional size: nullopt when the field is null, `absent` when missing.
@@ -88,7 +77,8 @@ RopeParams parse_rope(const json& t, const std::string& path, double default_the
     }
   }
   RopeParams r;
-  r.theta = positive_number(p, "rope_theta", where, positive_number(t, "rope_theta", path, default_theta, 1e15), 1e15);
+  r.theta = config_positive_number(p, "rope_theta", where,
+                                   config_positive_number(t, "rope_theta", path, default_theta, 1e15), 1e15);
   r.type = config_string_or(p, "rope_type", where, config_string_or(p, "type", where, "default"));
   const double partial =
       config_number_or(p, "partial_rotary_factor", where, config_number_or(t, "partial_rotary_factor", path, 1.0));
@@ -107,10 +97,10 @@ RopeParams parse_rope(const json& t, const std::string& path, double default_the
   if (r.type == "default") return r;
   if (r.type == "linear" || r.type == "llama3") {
     if (!p.contains("factor")) throw CheckpointError(fmt::format("{}: rope_type '{}' needs 'factor'", where, r.type));
-    r.factor = positive_number(p, "factor", where, 1.0, 1e6);
+    r.factor = config_positive_number(p, "factor", where, 1.0, 1e6);
     if (r.type == "llama3") {
-      r.low_freq_factor = positive_number(p, "low_freq_factor", where, r.low_freq_factor, 1e6);
-      r.high_freq_factor = positive_number(p, "high_freq_factor", where, r.high_freq_factor, 1e6);
+      r.low_freq_factor = config_positive_number(p, "low_freq_factor", where, r.low_freq_factor, 1e6);
+      r.high_freq_factor = config_positive_number(p, "high_freq_factor", where, r.high_freq_factor, 1e6);
       if (r.low_freq_factor == r.high_freq_factor) {
         throw CheckpointError(fmt::format("{}: low_freq_factor and high_freq_factor must differ", where));
       }
@@ -123,8 +113,8 @@ RopeParams parse_rope(const json& t, const std::string& path, double default_the
     r.attention_factor = optional_positive(p, "attention_factor", where, 1e6);
     r.mscale = optional_positive(p, "mscale", where, 1e6);
     r.mscale_all_dim = optional_positive(p, "mscale_all_dim", where, 1e6);
-    r.beta_fast = positive_number(p, "beta_fast", where, 32.0, 1e6);
-    r.beta_slow = positive_number(p, "beta_slow", where, 1.0, 1e6);
+    r.beta_fast = config_positive_number(p, "beta_fast", where, 32.0, 1e6);
+    r.beta_slow = config_positive_number(p, "beta_slow", where, 1.0, 1e6);
     r.truncate = config_bool_or(p, "truncate", where, true);
     r.original_max_position_embeddings = original();
     return r;
@@ -159,7 +149,7 @@ void parse_text(const json& t, const std::string& path, const TextDefaults& d, D
     throw CheckpointError(fmt::format("{}: head_dim {} must be even for RoPE", path, f.head_dim));
   }
   f.max_position_embeddings = config_positive(t, "max_position_embeddings", path, d.max_positions);
-  f.rms_norm_eps = positive_number(t, "rms_norm_eps", path, d.eps, 1.0);
+  f.rms_norm_eps = config_positive_number(t, "rms_norm_eps", path, d.eps, 1.0);
   f.act = config_string_or(t, "hidden_act", path, "silu");
   if (!known_activation(f.act)) {
     throw CheckpointError(fmt::format("{}: field 'hidden_act' = '{}' is not supported", path, f.act));

@@ -26,21 +26,6 @@
 
 namespace tprun::models {
 
-namespace {
-
-// A finite number in (0, max]; `fallback` when absent or null.
-double positive_number(const nlohmann::json& c, const std::string& field, const std::string& path, double fallback,
-                       double max) {
-  const double v = config_number_or(c, field, path, fallback);
-  if (!std::isfinite(v) || v <= 0 || v > max) {
-    throw CheckpointError(fmt::format("{}: field '{}' = {} must be a positive number of at most {}", path, field, v,
-                                      max));
-  }
-  return v;
-}
-
-}  // namespace
-
 Flux2Config Flux2Config::from_json(const nlohmann::json& c, const std::string& path) {
   Flux2Config f;  // defaults: diffusers' __init__
   f.heads = config_positive(c, "num_attention_heads", path, f.heads, 4096);
@@ -59,9 +44,9 @@ Flux2Config Flux2Config::from_json(const nlohmann::json& c, const std::string& p
   f.patch = config_positive(c, "patch_size", path, f.patch, 64);
   f.joint_dim = config_positive(c, "joint_attention_dim", path, f.joint_dim);
   f.timestep_channels = config_positive(c, "timestep_guidance_channels", path, f.timestep_channels, 65536);
-  f.mlp_ratio = positive_number(c, "mlp_ratio", path, f.mlp_ratio, 64.0);
-  f.rope_theta = positive_number(c, "rope_theta", path, f.rope_theta, 1e12);
-  f.eps = positive_number(c, "eps", path, f.eps, 1.0);
+  f.mlp_ratio = config_positive_number(c, "mlp_ratio", path, f.mlp_ratio, 64.0);
+  f.rope_theta = config_positive_number(c, "rope_theta", path, f.rope_theta, 1e12);
+  f.eps = config_positive_number(c, "eps", path, f.eps, 1.0);
   f.guidance = config_bool_or(c, "guidance_embeds", path, f.guidance);
   if (f.mlp_hidden() < 1) {
     throw CheckpointError(fmt::format("{}: field 'mlp_ratio' = {} gives an empty MLP (int({} * {}) = {})", path,

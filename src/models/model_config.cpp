@@ -1,5 +1,7 @@
 #include "models/model_config.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "checkpoint/component_checkpoint.h"
@@ -55,6 +57,16 @@ double config_number_or(const nlohmann::json& c, const std::string& field, const
     throw CheckpointError(fmt::format("{}: field '{}' must be a number, found {}", path, field, c[field].dump()));
   }
   return c[field].get<double>();
+}
+
+double config_positive_number(const nlohmann::json& c, const std::string& field, const std::string& path,
+                              double fallback, double max) {
+  const double v = config_number_or(c, field, path, fallback);
+  if (!std::isfinite(v) || v <= 0 || v > max) {
+    throw CheckpointError(fmt::format("{}: field '{}' = {} must be a positive number of at most {}", path, field, v,
+                                      max));
+  }
+  return v;
 }
 
 std::string config_string_or(const nlohmann::json& c, const std::string& field, const std::string& path,

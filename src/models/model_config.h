@@ -30,6 +30,9 @@ int64_t config_positive_required(const nlohmann::json& config, const std::string
 // A number (integer or float); `fallback` when absent or null.
 double config_number_or(const nlohmann::json& config, const std::string& field, const std::string& config_path,
                         double fallback);
+// A finite number in (0, max]; `fallback` when absent or null.
+double config_positive_number(const nlohmann::json& config, const std::string& field, const std::string& config_path,
+                              double fallback, double max);
 std::string config_string_or(const nlohmann::json& config, const std::string& field, const std::string& config_path,
                              const std::string& fallback);
 bool config_bool_or(const nlohmann::json& config, const std::string& field, const std::string& config_path,

@@ -26,11 +26,6 @@ std::vector<std::string> clip_byte_symbols() {
 
 namespace {
 
-struct Word {
-  std::vector<std::string> symbols;
-  int64_t count = 0;
-};
-
 using Pair = std::pair<std::string, std::string>;
 
 struct PairHash {
@@ -40,15 +35,15 @@ struct PairHash {
 };
 
 // Distinct words of the texts with their counts, in first-seen order.
-std::vector<Word> count_words(const std::vector<std::string>& texts, const std::vector<std::string>& byte_symbol) {
-  std::vector<Word> words;
+std::vector<BpeWord> count_words(const std::vector<std::string>& texts, const std::vector<std::string>& byte_symbol) {
+  std::vector<BpeWord> words;
   std::unordered_map<std::string, size_t> index;
   for (const auto& text : texts) {
     decode_utf8(text, "BPE training text");  // RequestError for invalid UTF-8
     for (const auto& w : clip_pretokenize(clip_basic_clean(text))) {
       auto [it, added] = index.emplace(w, words.size());
       if (added) {
-        Word word;
+        BpeWord word;
         for (unsigned char b : w) word.symbols.push_back(byte_symbol[b]);
         word.symbols.back() += "</w>";
         words.push_back(std::move(word));
@@ -60,7 +55,7 @@ std::vector<Word> count_words(const std::vector<std::string>& texts, const std::
 }
 
 // Replaces every non-overlapping occurrence of `pair`, left to right.
-void merge_in(Word& word, const Pair& pair) {
+void merge_in(BpeWord& word, const Pair& pair) {
   std::vector<std::string> out;
   out.reserve(word.symbols.size());
   for (size_t i = 0; i < word.symbols.size(); ++i) {
@@ -76,21 +71,11 @@ void merge_in(Word& word, const Pair& pair) {
 
 }  // namespace
 
-BpeVocabulary train_clip_bpe(const std::vector<std::string>& texts, int64_t num_merges) {
-  if (num_merges < 0) throw ConfigError(fmt::format("BPE training: number of merges {} is negative", num_merges));
-  const std::vector<std::string> byte_symbol = clip_byte_symbols();
-  // bytes_to_unicode()'s dict order: the printable bytes, then the others;
-  // that is the symbols' code point (= UTF-8 byte) order.
-  std::vector<std::string> ordered = byte_symbol;
-  std::sort(ordered.begin(), ordered.end());
-  BpeVocabulary vocab;
-  for (const auto& s : ordered) vocab.tokens.push_back(s);
-  for (const auto& s : ordered) vocab.tokens.push_back(s + "</w>");
-  std::unordered_set<std::string> known(vocab.tokens.begin(), vocab.tokens.end());
-
-  std::vector<Word> words = count_words(texts, byte_symbol);
+void learn_bpe_merges(std::vector<BpeWord>& words, int64_t num_merges, std::vector<Pair>& merges,
+                      std::vector<std::string>& tokens) {
+  std::unordered_set<std::string> known(tokens.begin(), tokens.end());
   std::unordered_set<Pair, PairHash> banned;  // joined symbol already a token
-  while (static_cast<int64_t>(vocab.merges.size()) < num_merges) {
+  while (static_cast<int64_t>(merges.size()) < num_merges) {
     std::unordered_map<Pair, int64_t, PairHash> counts;
     for (const auto& w : words)
       for (size_t i = 0; i + 1 < w.symbols.size(); ++i) counts[{w.symbols[i], w.symbols[i + 1]}] += w.count;
@@ -110,10 +95,25 @@ BpeVocabulary train_clip_bpe(const std::vector<std::string>& texts, int64_t num_
       banned.insert(pair);
       continue;
     }
-    vocab.merges.push_back(pair);
-    vocab.tokens.push_back(joined);
+    merges.push_back(pair);
+    tokens.push_back(joined);
     for (auto& w : words) merge_in(w, pair);
   }
+}
+
+BpeVocabulary train_clip_bpe(const std::vector<std::string>& texts, int64_t num_merges) {
+  if (num_merges < 0) throw ConfigError(fmt::format("BPE training: number of merges {} is negative", num_merges));
+  const std::vector<std::string> byte_symbol = clip_byte_symbols();
+  // bytes_to_unicode()'s dict order: the printable bytes, then the others;
+  // that is the symbols' code point (= UTF-8 byte) order.
+  std::vector<std::string> ordered = byte_symbol;
+  std::sort(ordered.begin(), ordered.end());
+  BpeVocabulary vocab;
+  for (const auto& s : ordered) vocab.tokens.push_back(s);
+  for (const auto& s : ordered) vocab.tokens.push_back(s + "</w>");
+
+  std::vector<BpeWord> words = count_words(texts, byte_symbol);
+  learn_bpe_merges(words, num_merges, vocab.merges, vocab.tokens);
   vocab.tokens.push_back("<|startoftext|>");
   vocab.tokens.push_back("<|endoftext|>");
   return vocab;

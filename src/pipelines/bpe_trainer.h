@@ -28,6 +28,20 @@ struct BpeVocabulary {
   std::vector<std::string> tokens;
 };
 
+// A distinct word of the training text, as symbols, with its count.
+struct BpeWord {
+  std::vector<std::string> symbols;
+  int64_t count = 0;
+};
+
+// The merge loop both trainers share: the most frequent adjacent pair of
+// `words` (counted with their counts, at least twice; ties to the smallest
+// pair) is merged in place, appended to `merges` and its joined symbol to
+// `tokens`, until `merges` holds `num_merges` or no pair qualifies. A pair
+// whose joined symbol is already in `tokens` is never merged.
+void learn_bpe_merges(std::vector<BpeWord>& words, int64_t num_merges,
+                      std::vector<std::pair<std::string, std::string>>& merges, std::vector<std::string>& tokens);
+
 // Learns at most `num_merges` merges from `texts`. A pair whose joined symbol
 // already is a token is never merged (every token keeps one id). Throws
 // ConfigError for a negative `num_merges`, RequestError for invalid UTF-8.

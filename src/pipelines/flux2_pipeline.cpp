@@ -15,6 +15,7 @@
 #include "models/decoder_text_encoder.h"
 #include "models/flux2_transformer.h"
 #include "models/model_config.h"
+#include "pipelines/batch_stages.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "pipelines/flux2_latents.h"
 #include "pipelines/chat_template.h"
@@ -271,18 +272,8 @@ models::TensorMap Flux2Pipeline::encode_prompt(const std::string& prompt, int64_
 std::vector<GenerationResult> Flux2Pipeline::generate_batch(const std::vector<GenerationRequest>& requests,
                                                             const StepCallback& on_step) const {
   if (requests.empty()) return {};
-  std::vector<GenerationRequest> rs;
-  for (const auto& q : requests) {
-    check_request(q);
-    rs.push_back(with_defaults(q));
-  }
+  const std::vector<GenerationRequest> rs = prepare_batch(*this, requests);
   const GenerationRequest& r = rs.front();
-  for (const auto& o : rs) {
-    if (batch_key(o) != batch_key(r)) {
-      throw Error(Error::Kind::Internal, "generate_batch: the requests of a batch must share size, steps, guidance "
-                                         "and max_sequence_length");
-    }
-  }
   const Impl& m = *impl_;
   const int64_t batch = static_cast<int64_t>(rs.size());
   const int64_t steps = *r.steps, height = *r.height, width = *r.width;
@@ -301,14 +292,8 @@ std::vector<GenerationResult> Flux2Pipeline::generate_batch(const std::vector<Ge
     // klein's negative prompt is "" unless the request gives one.
     if (cfg) ne.push_back(given_or_encoded("negative_prompt_embeds", q.negative_prompt.value_or("")));
   }
-  auto stack = [](const std::vector<at::Tensor>& v, const char* what) {
-    for (const auto& t : v) {
-      if (t.sizes() != v.front().sizes()) throw RequestError(fmt::format("the {} of a batch differ in shape", what), true);
-    }
-    return v.size() == 1 ? v.front() : at::cat(v, 0);
-  };
-  const at::Tensor prompt_embeds = stack(pe, "prompt_embeds");
-  const at::Tensor neg_embeds = cfg ? stack(ne, "negative_prompt_embeds") : at::Tensor();
+  const at::Tensor prompt_embeds = stack_batch(pe, "prompt_embeds");
+  const at::Tensor neg_embeds = cfg ? stack_batch(ne, "negative_prompt_embeds") : at::Tensor();
   times.encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
   // 2. Latents (each from its own seed), ids, schedule.
@@ -318,7 +303,7 @@ std::vector<GenerationResult> Flux2Pipeline::generate_batch(const std::vector<Ge
                                         : flux2_prepare_latents(q.seed, 1, m.in_channels, height, width, m.dtype,
                                                                 m.device, m.vae_scale_factor));
   }
-  at::Tensor latents = stack(lv, "latents");
+  at::Tensor latents = stack_batch(lv, "latents");
   const int64_t h = latent_side(height, m.vae_scale_factor) / 2, w = latent_side(width, m.vae_scale_factor) / 2;
   FlowMatchEulerDiscreteScheduler scheduler(m.scheduler);
   scheduler.set_timesteps(steps, compute_empirical_mu(h * w, steps));
@@ -336,59 +321,21 @@ std::vector<GenerationResult> Flux2Pipeline::generate_batch(const std::vector<Ge
   }
 
   // 3. Denoising.
-  const auto& timesteps = scheduler.timesteps();
-  for (int64_t i = 0; i < steps; ++i) {
-    const auto ts = Clock::now();
-    at::Tensor t = at::full({batch}, timesteps[static_cast<size_t>(i)], fopts).to(latents.scalar_type()) / 1000;
-    in["hidden_states"] = latents;
-    in["timestep"] = t;
-    at::Tensor noise = m.transformer->run(in);
-    if (cfg) {
-      neg_in["hidden_states"] = latents;
-      neg_in["timestep"] = t;
-      const at::Tensor neg = m.transformer->run(neg_in);
-      noise = neg + *r.guidance * (noise - neg);
-    }
-    latents = scheduler.step(noise, i, latents);
-    const double secs = std::chrono::duration<double>(Clock::now() - ts).count();
-    times.step_s.push_back(secs);
-    if (on_step) on_step(i, steps, secs);
-  }
+  latents = denoise([&](const models::TensorMap& x) { return m.transformer->run(x); }, scheduler, latents, in,
+                    cfg ? &neg_in : nullptr, *r.guidance, on_step, times);
 
   // 4. Per image: the NaN check, then decode (on the rank that holds the VAE).
-  std::vector<GenerationResult> res(rs.size());
-  const auto td = Clock::now();
-  for (int64_t b = 0; b < batch; ++b) {
-    GenerationResult& out = res[static_cast<size_t>(b)];
-    out.height = height;
-    out.width = width;
-    at::Tensor lat = batch == 1 ? latents : latents.slice(0, b, b + 1).contiguous();
-    if (!at::isfinite(lat).all().item<bool>()) {
-      out.error = fmt::format("the latents hold NaN or Inf after {} steps (dtype {}); try fp32 or bf16", steps,
-                              m.dtype_name);
-      continue;
-    }
-    out.latents = std::make_shared<at::Tensor>(lat);
-    if (!m.vae) continue;
-    at::Tensor z = flux2_unpack(lat, h, w);
-    z = z * m.vae->latent_bn_std().to(z.scalar_type()).view({1, -1, 1, 1}) +
-        m.vae->latent_bn_mean().to(z.scalar_type()).view({1, -1, 1, 1});
-    z = flux2_unpatchify(z).to(checkpoint::parse_compute_dtype(m.vae->compute_dtype(), "vae dtype"));
-    const at::Tensor x = m.vae->decode(z);
-    at::Tensor image = (x.to(at::kFloat) / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 1}).contiguous().cpu();
-    at::Tensor bytes = (image * 255).round().to(at::kByte).contiguous();
-    out.rgb.assign(bytes.data_ptr<uint8_t>(), bytes.data_ptr<uint8_t>() + bytes.numel());
-    out.image = std::make_shared<at::Tensor>(image);
+  LatentDecoder decode;
+  if (m.vae) {
+    decode = [&](const at::Tensor& lat) {
+      at::Tensor z = flux2_unpack(lat, h, w);
+      z = z * m.vae->latent_bn_std().to(z.scalar_type()).view({1, -1, 1, 1}) +
+          m.vae->latent_bn_mean().to(z.scalar_type()).view({1, -1, 1, 1});
+      z = flux2_unpatchify(z).to(checkpoint::parse_compute_dtype(m.vae->compute_dtype(), "vae dtype"));
+      return m.vae->decode(z);
+    };
   }
-  if (m.vae) times.decode_s = std::chrono::duration<double>(Clock::now() - td).count();
-  const double share = 1.0 / static_cast<double>(batch);
-  for (auto& out : res) {
-    out.times.encode_s = times.encode_s * share;
-    out.times.decode_s = times.decode_s * share;
-    for (double s : times.step_s) out.times.step_s.push_back(s * share);
-    out.batch_size = batch;
-  }
-  return res;
+  return finish_batch(latents, height, width, steps, m.dtype_name, decode, std::move(times));
 }
 
 std::vector<int64_t> Flux2Pipeline::latent_shape(int64_t height, int64_t width) const {

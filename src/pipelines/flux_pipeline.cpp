@@ -17,6 +17,7 @@
 #include "models/model_config.h"
 #include "models/t5_encoder.h"
 #include "pipelines/clip_tokenizer.h"
+#include "pipelines/batch_stages.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "pipelines/latents.h"
 #include "pipelines/request_checks.h"
@@ -259,23 +260,12 @@ models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t
 std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<GenerationRequest>& requests,
                                                            const StepCallback& on_step) const {
   if (requests.empty()) return {};
-  std::vector<GenerationRequest> rs;
-  for (const auto& q : requests) {
-    check_request(q);
-    rs.push_back(with_defaults(q));
-  }
+  const std::vector<GenerationRequest> rs = prepare_batch(*this, requests);
   const GenerationRequest& r = rs.front();
-  for (const auto& o : rs) {
-    if (batch_key(o) != batch_key(r)) {
-      throw Error(Error::Kind::Internal, "generate_batch: the requests of a batch must share size, steps, guidance, "
-                                         "true CFG and max_sequence_length");
-    }
-  }
   const Impl& m = *impl_;
   const auto& cfg = m.transformer->config();
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(m.device);
   const int64_t batch = static_cast<int64_t>(rs.size());
-  std::vector<GenerationResult> res(rs.size());
   StageTimes times;
 
   // 1. Prompt embeddings, one prompt at a time (as alone), then stacked.
@@ -303,19 +293,11 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
       }
     }
   }
-  auto stack = [](const std::vector<at::Tensor>& v, const char* what) {
-    for (const auto& t : v) {
-      if (t.sizes() != v.front().sizes()) {
-        throw RequestError(fmt::format("the {} of a batch differ in shape", what), true);
-      }
-    }
-    return v.size() == 1 ? v.front() : at::cat(v, 0);
-  };
-  at::Tensor prompt_embeds = stack(pe, "prompt_embeds"), pooled = stack(pp, "pooled_prompt_embeds");
+  at::Tensor prompt_embeds = stack_batch(pe, "prompt_embeds"), pooled = stack_batch(pp, "pooled_prompt_embeds");
   at::Tensor neg_embeds, neg_pooled;
   if (cfg_on) {
-    neg_embeds = stack(ne, "negative_prompt_embeds");
-    neg_pooled = stack(np, "negative_pooled_prompt_embeds");
+    neg_embeds = stack_batch(ne, "negative_prompt_embeds");
+    neg_pooled = stack_batch(np, "negative_pooled_prompt_embeds");
   }
   times.encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
@@ -326,7 +308,7 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
                                         : prepare_latents(q.seed, 1, cfg.in_channels / 4, *q.height, *q.width,
                                                           m.dtype, m.device, m.vae_scale_factor));
   }
-  at::Tensor latents = stack(lv, "latents");
+  at::Tensor latents = stack_batch(lv, "latents");
   const int64_t steps = *r.steps, height = *r.height, width = *r.width;
   const int64_t lh = latent_side(height, m.vae_scale_factor), lw = latent_side(width, m.vae_scale_factor);
   at::Tensor img_ids = latent_image_ids(lh / 2, lw / 2, m.dtype, m.device);
@@ -350,59 +332,20 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
   }
 
   // 3. Denoising.
-  const auto& timesteps = scheduler.timesteps();
-  for (int64_t i = 0; i < steps; ++i) {
-    const auto ts = Clock::now();
-    at::Tensor t = at::full({batch}, timesteps[static_cast<size_t>(i)], fopts).to(latents.scalar_type()) / 1000;
-    in["hidden_states"] = latents;
-    in["timestep"] = t;
-    at::Tensor noise = m.transformer->run(in);
-    if (cfg_on) {
-      neg_in["hidden_states"] = latents;
-      neg_in["timestep"] = t;
-      at::Tensor neg = m.transformer->run(neg_in);
-      noise = neg + *r.true_cfg_scale * (noise - neg);
-    }
-    latents = scheduler.step(noise, i, latents);
-    const double secs = std::chrono::duration<double>(Clock::now() - ts).count();
-    times.step_s.push_back(secs);
-    if (on_step) on_step(i, steps, secs);
-  }
+  latents = denoise([&](const models::TensorMap& x) { return m.transformer->run(x); }, scheduler, latents, in,
+                    cfg_on ? &neg_in : nullptr, *r.true_cfg_scale, on_step, times);
 
   // 4. Per image: the NaN check, then decode (on the rank that holds the VAE).
-  const auto td = Clock::now();
-  for (int64_t b = 0; b < batch; ++b) {
-    GenerationResult& out = res[static_cast<size_t>(b)];
-    out.height = height;
-    out.width = width;
-    at::Tensor lat = batch == 1 ? latents : latents.slice(0, b, b + 1).contiguous();
-    if (!at::isfinite(lat).all().item<bool>()) {
-      out.error = fmt::format("the latents hold NaN or Inf after {} steps (dtype {}); try fp32 or bf16", steps,
-                              m.dtype_name);
-      continue;
-    }
-    out.latents = std::make_shared<at::Tensor>(lat);
-    if (!m.vae) continue;
-    at::Tensor z = unpack_latents(lat, height, width, m.vae_scale_factor);
-    z = z / m.scaling_factor + m.shift_factor;
-    // The VAE computes in fp32 when force_upcast lifts a 16-bit dtype.
-    z = z.to(checkpoint::parse_compute_dtype(m.vae->compute_dtype(), "vae dtype"));
-    at::Tensor x = m.vae->decode(z);
-    at::Tensor image = (x.to(at::kFloat) / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 1}).contiguous().cpu();
-    at::Tensor bytes = (image * 255).round().to(at::kByte).contiguous();
-    out.rgb.assign(bytes.data_ptr<uint8_t>(), bytes.data_ptr<uint8_t>() + bytes.numel());
-    out.image = std::make_shared<at::Tensor>(image);
+  LatentDecoder decode;
+  if (m.vae) {
+    decode = [&](const at::Tensor& lat) {
+      at::Tensor z = unpack_latents(lat, height, width, m.vae_scale_factor);
+      z = z / m.scaling_factor + m.shift_factor;
+      // The VAE computes in fp32 when force_upcast lifts a 16-bit dtype.
+      return m.vae->decode(z.to(checkpoint::parse_compute_dtype(m.vae->compute_dtype(), "vae dtype")));
+    };
   }
-  if (m.vae) times.decode_s = std::chrono::duration<double>(Clock::now() - td).count();
-  // Each image is charged an equal share of the batch's stage times.
-  const double share = 1.0 / static_cast<double>(batch);
-  for (auto& out : res) {
-    out.times.encode_s = times.encode_s * share;
-    out.times.decode_s = times.decode_s * share;
-    for (double s : times.step_s) out.times.step_s.push_back(s * share);
-    out.batch_size = batch;
-  }
-  return res;
+  return finish_batch(latents, height, width, steps, m.dtype_name, decode, std::move(times));
 }
 
 int64_t FluxPipeline::vae_scale_factor() const { return impl_->vae_scale_factor; }

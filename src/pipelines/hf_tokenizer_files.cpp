@@ -28,32 +28,6 @@ const char* const kTekkenSplitPattern =
 
 namespace {
 
-using Pair = std::pair<std::string, std::string>;
-struct PairHash {
-  size_t operator()(const Pair& p) const {
-    return std::hash<std::string>()(p.first) * 1000003u ^ std::hash<std::string>()(p.second);
-  }
-};
-
-struct Word {
-  std::vector<std::string> symbols;
-  int64_t count = 0;
-};
-
-void merge_in(Word& word, const Pair& pair) {
-  std::vector<std::string> out;
-  out.reserve(word.symbols.size());
-  for (size_t i = 0; i < word.symbols.size(); ++i) {
-    if (i + 1 < word.symbols.size() && word.symbols[i] == pair.first && word.symbols[i + 1] == pair.second) {
-      out.push_back(pair.first + pair.second);
-      ++i;
-    } else {
-      out.push_back(word.symbols[i]);
-    }
-  }
-  word.symbols = std::move(out);
-}
-
 void write_json(const fs::path& path, const json& j) {
   checkpoint::write_file_atomically(path.string(), j.dump(2) + "\n", /*overwrite=*/false);
 }
@@ -120,14 +94,14 @@ ByteLevelBpe train_byte_level_bpe(const std::vector<std::string>& texts, const s
   std::vector<std::string> ordered = byte_symbol;
   std::sort(ordered.begin(), ordered.end());  // bytes_to_unicode()'s order (code point order)
 
-  std::vector<Word> words;
+  std::vector<BpeWord> words;
   std::unordered_map<std::string, size_t> index;
   auto count = [&](const std::u32string& u, size_t b, size_t e) {
     if (e <= b) return;
     const std::string w = encode_utf8(u.substr(b, e - b));
     auto [it, added] = index.emplace(w, words.size());
     if (added) {
-      Word word;
+      BpeWord word;
       for (unsigned char c : w) word.symbols.push_back(byte_symbol[c]);
       words.push_back(std::move(word));
     }
@@ -146,31 +120,7 @@ ByteLevelBpe train_byte_level_bpe(const std::vector<std::string>& texts, const s
 
   ByteLevelBpe bpe;
   bpe.tokens = ordered;
-  std::unordered_set<std::string> known(ordered.begin(), ordered.end());
-  std::unordered_set<Pair, PairHash> banned;
-  while (static_cast<int64_t>(bpe.merges.size()) < num_merges) {
-    std::unordered_map<Pair, int64_t, PairHash> counts;
-    for (const auto& w : words)
-      for (size_t i = 0; i + 1 < w.symbols.size(); ++i) counts[{w.symbols[i], w.symbols[i + 1]}] += w.count;
-    const Pair* best = nullptr;
-    int64_t best_count = 0;
-    for (const auto& [pair, c] : counts) {
-      if (c < 2 || c < best_count || banned.count(pair)) continue;
-      if (c > best_count || pair < *best) {
-        best = &pair;
-        best_count = c;
-      }
-    }
-    if (best == nullptr) break;
-    const Pair pair = *best;
-    if (!known.insert(pair.first + pair.second).second) {
-      banned.insert(pair);
-      continue;
-    }
-    bpe.merges.push_back(pair);
-    bpe.tokens.push_back(pair.first + pair.second);
-    for (auto& w : words) merge_in(w, pair);
-  }
+  learn_bpe_merges(words, num_merges, bpe.merges, bpe.tokens);
   return bpe;
 }
 

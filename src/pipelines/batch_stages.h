@@ -1,0 +1,52 @@
+#pragma once
+// The stages of generate_batch that every flow-matching text-to-image
+// pipeline shares, whatever its encoders, latents and conditioning:
+//   prepare_batch   check each request, fill its defaults, refuse mixed batch keys
+//   stack_batch     per-request tensors (embeddings, latents) as one batch
+//   denoise         the Euler loop, with true CFG when a negative input is given
+//   finish_batch    per image: NaN/Inf check, decode, 8-bit RGB; stage times shared
+// A family supplies only what differs: its transformer call and its decoder.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "models/tensor_map.h"
+#include "pipelines/pipeline.h"
+
+namespace tprun::pipelines {
+
+class FlowMatchEulerDiscreteScheduler;
+
+// Every request checked (RequestError) and given the pipeline's defaults;
+// internal error when two requests have different batch keys.
+std::vector<GenerationRequest> prepare_batch(const Pipeline& pipeline, const std::vector<GenerationRequest>& requests);
+
+// The tensors concatenated on dim 0 (one tensor stays as it is);
+// RequestError "the <what> of a batch differ in shape" otherwise.
+at::Tensor stack_batch(const std::vector<at::Tensor>& tensors, const char* what);
+
+using TransformerCall = std::function<at::Tensor(const models::TensorMap& inputs)>;
+
+// The denoising loop over the scheduler's timesteps: `inputs` gets
+// hidden_states and timestep (t / 1000, batch-sized) each step. With
+// `negative_inputs` non-null, true CFG: neg + scale * (pos - neg). Appends
+// each step's seconds to times.step_s and calls on_step. Returns the final latents.
+at::Tensor denoise(const TransformerCall& transformer, const FlowMatchEulerDiscreteScheduler& scheduler,
+                   at::Tensor latents, models::TensorMap& inputs, models::TensorMap* negative_inputs,
+                   double cfg_scale, const StepCallback& on_step, StageTimes& times);
+
+// One image's packed latents [1, tokens, C] -> the decoded image [1, 3, H, W]
+// in [-1, 1] (any float dtype).
+using LatentDecoder = std::function<at::Tensor(const at::Tensor& packed_latents)>;
+
+// Per image of the batch: latents with NaN/Inf get `error` (naming steps and
+// dtype), the others keep their latents and, when `decode` is set, their
+// image as float [1, H, W, 3] in [0, 1] and round(255 x) bytes. Each image
+// is charged an equal share of the batch's stage times (decode included).
+std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t height, int64_t width, int64_t steps,
+                                           const std::string& dtype_name, const LatentDecoder& decode,
+                                           StageTimes times);
+
+}  // namespace tprun::pipelines
