@@ -244,6 +244,7 @@ void JobRun::load() {
   lo.dtype = m.dtype;
   lo.device = session_.device().device;
   lo.shard_text_encoders = m.shard_text_encoders;
+  lo.shard_modulation = m.shard_modulation;
   const auto t0 = Clock::now();
   pipe_ = pipelines::load_pipeline(m.model, tp, lo);
   spdlog::info("loaded {} ({}) in {:.2f} s ({} bytes on this rank)", m.model, pipe_->class_name(), seconds_since(t0),

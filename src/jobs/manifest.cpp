@@ -268,6 +268,9 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path, c
                 }},
                {"shard_text_encoders", [&](const Reader& r, const std::string& f, const toml::node& v) {
                   m.shard_text_encoders = r.boolean(f, v);
+                }},
+               {"shard_modulation", [&](const Reader& r, const std::string& f, const toml::node& v) {
+                  m.shard_modulation = r.boolean(f, v);
                 }}});
        }},
       {"memory", [&](const Reader&, const std::string& k, const toml::node& n) {

@@ -9,7 +9,7 @@
 //   dtype = "fp32"                    # fp32 | bf16 | fp16
 //   requests = "prompts.jsonl"        # JSONL, relative to the manifest
 //   [parallel]  tp = 1, dp = 0 (0: world / tp), device = "auto", allow_cross_node_tp = false,
-//               shard_text_encoders (unset: the pipeline's choice)
+//               shard_text_encoders (unset: the pipeline's choice), shard_modulation = false
 //   [memory]    (no keys yet: the memory features arrive with their issue)
 //   [defaults]  height, width, steps, guidance, true_cfg_scale, negative_prompt,
 //               max_sequence_length (each: the pipeline's default when unset; FluxPipeline:
@@ -41,6 +41,7 @@ struct Manifest {
   std::string device = "auto";
   bool allow_cross_node_tp = false;
   std::optional<bool> shard_text_encoders;  // unset: the pipeline's choice
+  bool shard_modulation = false;            // the transformer's AdaLN modulations rowwise_split_input
   // [defaults]: the fields set there (unset ones take the pipeline's own
   // defaults); `seed` is the base seed a request without its own seed
   // derives from (derive_seed(seed, id)); negative_prompt "" = none.

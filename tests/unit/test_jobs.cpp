@@ -77,6 +77,9 @@ TEST_F(JobFiles, ManifestParsesAndResolvesPaths) {
   EXPECT_FALSE(m.defaults.guidance.has_value());  // unset: the pipeline's default
   EXPECT_FALSE(m.shard_text_encoders.has_value());
   EXPECT_EQ(parse_manifest(path, {parse_override("parallel.shard_text_encoders=false")}).shard_text_encoders, false);
+  EXPECT_FALSE(m.shard_modulation);
+  EXPECT_TRUE(parse_manifest(path, {parse_override("parallel.shard_modulation=true")}).shard_modulation);
+  EXPECT_THROW(parse_manifest(path, {parse_override("parallel.shard_modulation=3")}), ConfigError);
   EXPECT_TRUE(m.png);
   EXPECT_NO_THROW(check_paths(m));
 }
