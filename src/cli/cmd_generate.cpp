@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "checkpoint/tensor_file.h"
+#include "cli/memory_args.h"
 #include "cli/command.h"
 #include "cli/session_options.h"
 #include "dist/communicator.h"
@@ -88,6 +89,7 @@ Command generate_command() {
          "every rank holds the whole text encoder (the FLUX.2 pipelines shard it by default)")
         ("shard-modulation", po::bool_switch(), "also shard the transformer's AdaLN modulation linears");
     desc.add(m);
+    add_memory_option(desc);
     add_generation_options(desc);
     po::options_description io("Output");
     io.add_options()
@@ -129,6 +131,9 @@ Command generate_command() {
     if (vm["shard-text-encoders"].as<bool>() || vm["shard-text-encoder-2"].as<bool>()) opts.shard_text_encoders = true;
     if (vm["replicate-text-encoders"].as<bool>()) opts.shard_text_encoders = false;
     opts.shard_modulation = vm["shard-modulation"].as<bool>();
+    const memory::MemoryOptions mem = memory_from(vm);
+    memory::apply(mem, opts);
+    spdlog::info("{}", memory::describe(mem));
     opts.text_encoders =
         !(embeds_given && (req.true_cfg_scale.value_or(1.0) <= 1.0 || req.has_given("negative_prompt_embeds")));
     const std::string model = vm["model"].as<std::string>();

@@ -8,6 +8,7 @@
 #include "checkpoint/hdf5_source.h"
 #include "checkpoint/pipeline_folder.h"
 #include "checkpoint/torch_dtype.h"
+#include "cli/memory_args.h"
 #include "models/model_config.h"
 #include "models/model_registry.h"
 #include "runtime/error.h"
@@ -35,6 +36,7 @@ void add_model_options(po::options_description& desc, bool with_component) {
        "decoder text encoders: the hidden states to return, as transformers numbers output.hidden_states "
        "(e.g. 9,18,27 for FLUX.2 klein, 10,20,30 for dev); later layers are neither loaded nor run");
   desc.add(m);
+  add_memory_option(desc);
 }
 
 std::vector<int64_t> parse_hidden_layers(const std::string& text, const std::string& option) {
@@ -65,6 +67,7 @@ ModelArgs model_args_from(const po::variables_map& vm) {
   (void)checkpoint::parse_compute_dtype(a.dtype, "--dtype");  // ConfigError naming the option
   a.shard_modulation = vm["shard-modulation"].as<bool>();
   if (vm.count("hidden-layers")) a.hidden_layers = parse_hidden_layers(vm["hidden-layers"].as<std::string>());
+  a.memory = memory_from(vm);
   if (!std::filesystem::exists(a.model)) throw ConfigError(fmt::format("--model {}: no such file or folder", a.model), true);
   std::string folder = a.component;
   if (a.component == "vae_decoder" || a.component == "vae_encoder") {
@@ -89,6 +92,8 @@ std::unique_ptr<models::Model> load_component(const ModelArgs& a, const parallel
   const auto config = models::read_component_config(a.path, &config_path);
   auto source = checkpoint::open_weight_source(a.path, a.variant);
   models::ModelOptions o;
+  memory::apply(a.memory, o);
+  spdlog::info("{}", memory::describe(a.memory));
   o.dtype = a.dtype;
   o.device = device;
   o.shard_modulation = a.shard_modulation;

@@ -10,6 +10,7 @@
 
 #include <boost/program_options.hpp>
 
+#include "memory/memory_options.h"
 #include "models/model.h"
 #include "parallel/tp_context.h"
 
@@ -26,6 +27,7 @@ struct ModelArgs {
   std::string path;  // resolved component path
   std::string part;  // ModelOptions::part ("decoder" / "encoder" for the VAE halves)
   std::vector<int64_t> hidden_layers;  // ModelOptions::hidden_layers (--hidden-layers)
+  memory::MemoryOptions memory;        // --memory KEY=VALUE
 };
 
 void add_model_options(boost::program_options::options_description& desc, bool with_component);

@@ -27,6 +27,7 @@
 #include "jobs/progress.h"
 #include "jobs/request_list.h"
 #include "jobs/results_log.h"
+#include "memory/memory_options.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
@@ -245,6 +246,8 @@ void JobRun::load() {
   lo.device = session_.device().device;
   lo.shard_text_encoders = m.shard_text_encoders;
   lo.shard_modulation = m.shard_modulation;
+  memory::apply(m.memory, lo);
+  spdlog::info("{}", memory::describe(m.memory));
   const auto t0 = Clock::now();
   pipe_ = pipelines::load_pipeline(m.model, tp, lo);
   spdlog::info("loaded {} ({}) in {:.2f} s ({} bytes on this rank)", m.model, pipe_->class_name(), seconds_since(t0),

@@ -17,6 +17,7 @@
 #define TOML_ASSERT(expr) static_cast<void>(0)
 #include <toml++/toml.h>
 
+#include "memory/memory_options.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
@@ -29,9 +30,17 @@ void refuse_non_ascii_outside_strings(const std::string& text, const std::string
 struct Doc {
   std::string path;
   std::set<std::string> overridden;  // dotted keys set from the command line
+  // The flag that set them, and the key prefix it leaves out ("--memory
+  // vae_tiling" for memory.vae_tiling).
+  std::string flag = "--set";
+  std::string flag_prefix;
 
+  std::string flag_key(const std::string& key) const {
+    const bool strip = !flag_prefix.empty() && key.rfind(flag_prefix, 0) == 0;
+    return fmt::format("{} {}", flag, strip ? key.substr(flag_prefix.size()) : key);
+  }
   std::string where(const std::string& key, const toml::node& node) const {
-    if (overridden.count(key)) return fmt::format("--set {}", key);
+    if (overridden.count(key)) return flag_key(key);
     return fmt::format("{}:{}: {}", path, node.source().begin.line, key);
   }
   [[noreturn]] void fail(const std::string& key, const toml::node& node, const std::string& what) const {
@@ -109,6 +118,35 @@ const toml::table& as_table(const Doc& doc, const std::string& key, const toml::
   return *n.as_table();
 }
 
+// The [memory] table (memory/memory_options.h). A key of a feature not built
+// yet is refused, never accepted and ignored.
+void walk_memory(const Doc& doc, const toml::table& table, memory::MemoryOptions& mo) {
+  std::map<std::string, Handler> handlers = {
+      {"vae_slicing", [&](const Reader& r, const std::string& f, const toml::node& v) { mo.vae_slicing = r.boolean(f, v); }},
+      {"vae_tiling", [&](const Reader& r, const std::string& f, const toml::node& v) { mo.vae_tiling = r.boolean(f, v); }},
+      {"vae_tile_sample_size", [&](const Reader& r, const std::string& f, const toml::node& v) {
+         mo.vae_tile_sample_size = r.integer(f, v, memory::kMinVaeTile, memory::kMaxVaeTile);
+       }},
+      {"vae_tile_overlap", [&](const Reader& r, const std::string& f, const toml::node& v) {
+         mo.vae_tile_overlap = r.number(f, v, 0.0, 0.75);
+       }},
+      {"attention_chunk", [&](const Reader& r, const std::string& f, const toml::node& v) {
+         mo.attention_chunk = r.integer(f, v, 0, memory::kMaxAttentionChunk);
+       }}};
+  std::vector<std::string> built;
+  for (const auto& key : memory::memory_keys()) {
+    if (memory::memory_key_built(key)) {
+      built.push_back(key);
+      continue;
+    }
+    handlers[key] = [&doc, &built](const Reader& r, const std::string& f, const toml::node& v) {
+      doc.fail(r.key(f), v,
+               fmt::format("not built yet in this version of tprun (built memory features: {})", fmt::join(built, ", ")));
+    };
+  }
+  walk(doc, table, "memory.", handlers);
+}
+
 std::string resolve(const std::string& manifest, const std::string& p) {
   if (p.empty() || fs::path(p).is_absolute()) return p;
   return (fs::path(manifest).parent_path() / p).lexically_normal().string();
@@ -125,7 +163,7 @@ void apply_override(toml::table& root, const Override& o, Doc& doc) {
     start = dot + 1;
   }
   for (const auto& p : parts) {
-    if (p.empty()) throw ConfigError(fmt::format("--set {}: empty key component", dotted), true);
+    if (p.empty()) throw ConfigError(fmt::format("{}: empty key component", doc.flag_key(dotted)), true);
   }
   toml::table* t = &root;
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
@@ -134,13 +172,15 @@ void apply_override(toml::table& root, const Override& o, Doc& doc) {
       t->insert(parts[i], toml::table{});
       n = t->get(parts[i]);
     }
-    if (!n->is_table()) throw ConfigError(fmt::format("--set {}: '{}' is not a table", dotted, parts[i]), true);
+    if (!n->is_table()) {
+      throw ConfigError(fmt::format("{}: '{}' is not a table", doc.flag_key(dotted), parts[i]), true);
+    }
     t = n->as_table();
   }
   // The value as TOML; a bare word that is not TOML is a string.
   toml::table parsed;
   try {
-    refuse_non_ascii_outside_strings("v = " + o.second, "--set " + dotted);
+    refuse_non_ascii_outside_strings("v = " + o.second, doc.flag_key(dotted));
     parsed = toml::parse("v = " + o.second);
   } catch (const std::exception&) {
     parsed = toml::table{};
@@ -274,8 +314,7 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path, c
                 }}});
        }},
       {"memory", [&](const Reader&, const std::string& k, const toml::node& n) {
-         // No memory options exist yet: any key is an error rather than silently ignored.
-         walk(doc, as_table(doc, k, n), "memory.", {});
+         walk_memory(doc, as_table(doc, k, n), m.memory);
        }},
       {"defaults", [&](const Reader&, const std::string& k, const toml::node& n) {
          auto& d = m.defaults;
@@ -352,6 +391,18 @@ void check_paths(const Manifest& m) {
   if (!fs::is_regular_file(m.requests)) {
     throw ConfigError(fmt::format("{}: requests: {}: no such file", m.path, m.requests), true);
   }
+}
+
+memory::MemoryOptions parse_memory_overrides(const std::vector<Override>& settings) {
+  Doc doc{"--memory", {}};
+  doc.flag = "--memory";
+  doc.flag_prefix = "memory.";
+  toml::table root;
+  root.insert("memory", toml::table{});
+  for (const auto& [key, value] : settings) apply_override(root, {"memory." + key, value}, doc);
+  memory::MemoryOptions mo;
+  walk_memory(doc, *root.get("memory")->as_table(), mo);
+  return mo;
 }
 
 }  // namespace tprun::jobs

@@ -10,7 +10,8 @@
 //   requests = "prompts.jsonl"        # JSONL, relative to the manifest
 //   [parallel]  tp = 1, dp = 0 (0: world / tp), device = "auto", allow_cross_node_tp = false,
 //               shard_text_encoders (unset: the pipeline's choice), shard_modulation = false
-//   [memory]    (no keys yet: the memory features arrive with their issue)
+//   [memory]    vae_slicing, vae_tiling, vae_tile_sample_size, vae_tile_overlap, attention_chunk
+//               (memory/memory_options.h; the features not built yet are refused by name)
 //   [defaults]  height, width, steps, guidance, true_cfg_scale, negative_prompt,
 //               max_sequence_length (each: the pipeline's default when unset; FluxPipeline:
 //               1024, 1024, 28, 3.5, 1.0, none, 512), seed = 0 (the base seed)
@@ -26,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "memory/memory_options.h"
 #include "pipelines/generation_request.h"
 
 namespace tprun::jobs {
@@ -42,6 +44,7 @@ struct Manifest {
   bool allow_cross_node_tp = false;
   std::optional<bool> shard_text_encoders;  // unset: the pipeline's choice
   bool shard_modulation = false;            // the transformer's AdaLN modulations rowwise_split_input
+  memory::MemoryOptions memory;             // [memory]
   // [defaults]: the fields set there (unset ones take the pipeline's own
   // defaults); `seed` is the base seed a request without its own seed
   // derives from (derive_seed(seed, id)); negative_prompt "" = none.
@@ -70,5 +73,9 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path,
 // ConfigError naming the manifest key when the model folder (model_index.json)
 // or the requests file is missing.
 void check_paths(const Manifest& m);
+
+// `--memory KEY=VALUE` settings (the keys of the [memory] table, values read
+// as TOML as --set reads them): ConfigError "--memory <key>: ...".
+memory::MemoryOptions parse_memory_overrides(const std::vector<Override>& settings);
 
 }  // namespace tprun::jobs

@@ -15,7 +15,9 @@
 #include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
 #include "models/model_config.h"
+#include "models/vae_tiling.h"
 #include "models/model_registry.h"
+#include "models/nn_ops.h"
 #include "models/vae_blocks.h"
 #include "runtime/error.h"
 
@@ -88,6 +90,13 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path)
   v.use_post_quant_conv = config_bool_or(c, "use_post_quant_conv", path, true);
   v.mid_block_add_attention = config_bool_or(c, "mid_block_add_attention", path, true);
   v.force_upcast = config_bool_or(c, "force_upcast", path, true);
+  if (v.flux2) v.sample_size = 1024;  // AutoencoderKLFlux2.__init__'s default
+  if (c.contains("sample_size") && c["sample_size"].is_array() && !c["sample_size"].empty()) {
+    const nlohmann::json first = {{"sample_size", c["sample_size"][0]}};
+    v.sample_size = config_positive(first, "sample_size", path + " (sample_size[0])", v.sample_size, 1 << 20);
+  } else {
+    v.sample_size = config_positive(c, "sample_size", path, v.sample_size, 1 << 20);
+  }
   v.scaling_factor = config_number_or(c, "scaling_factor", path, v.scaling_factor);
   v.has_shift = c.contains("shift_factor") && !c["shift_factor"].is_null();
   v.shift_factor = config_number_or(c, "shift_factor", path, 0.0);
@@ -222,6 +231,7 @@ std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& sou
   if (!part.empty() && part != "decoder" && part != "encoder") {
     throw ConfigError(fmt::format("AutoencoderKL: part '{}' is not 'decoder' or 'encoder'", part), true);
   }
+  const int64_t attention_chunk = nn::checked_attention_chunk(options.attention_chunk);
   BuildOptions bo{m->compute_dtype_, options.device, options.mode, {}};
   // Only the requested half needs to be in the checkpoint.
   // (The batch-norm statistics go with both halves: the pipelines normalise
@@ -233,15 +243,43 @@ std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& sou
                                  [&](ModelBuilder& b) { *w = declare_vae(cfg, b); });
   w->has_encoder = part != "decoder";
   w->has_decoder = part != "encoder";
+  w->attention_chunk = attention_chunk;
+  if (cfg.mid_block_add_attention) {  // one head of all the mid-block's channels
+    const auto& mid = w->has_decoder ? cfg.decoder_block_out_channels : cfg.block_out_channels;
+    nn::log_sdpa_attention(cfg.cls, options.device, checkpoint::parse_compute_dtype(m->compute_dtype_, "dtype"), 1,
+                           mid.back(), false, attention_chunk);
+  }
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
   m->w_ = std::move(w);
+  m->slicing_ = options.vae_slicing;
+  m->tiling_ = options.vae_tiling;
+  m->tile_sample_ = options.vae_tile_sample_size > 0 ? options.vae_tile_sample_size : cfg.sample_size;
+  m->tile_overlap_ = options.vae_tile_overlap;
+  if (m->tiling_ && (m->tile_sample_ < cfg.scale_factor() || m->tile_sample_ % cfg.scale_factor() != 0)) {
+    throw ConfigError(fmt::format("{}: VAE tiles of {} px are not a multiple of the scale factor {} (set "
+                                  "vae_tile_sample_size)",
+                                  config_path, m->tile_sample_, cfg.scale_factor()),
+                      true);
+  }
   return m;
 }
 
-at::Tensor AutoencoderKL::decode(const at::Tensor& z_in, Trace* trace) const {
+at::Tensor AutoencoderKL::decode(const at::Tensor& z, Trace* trace) const {
   if (!has_decoder()) throw ConfigError("AutoencoderKL::decode: the VAE was loaded without its decoder");
-  check_input(z_in, "z", config_.latent_channels);
+  check_input(z, "z", config_.latent_channels);
+  // As diffusers: slicing splits the batch, each slice tiled when larger than a tile.
+  auto one = [&](const at::Tensor& zi) {
+    const VaeTiles tiles{tile_latent_size(), tile_sample_, tile_overlap_};
+    if (tiling_ && needs_tiles(zi, tiles)) {
+      return tiled_apply(zi, tiles, [&](const at::Tensor& t) { return decode_plain(t, nullptr); });
+    }
+    return decode_plain(zi, trace);
+  };
+  return slicing_ ? sliced_apply(z, one) : one(z);
+}
+
+at::Tensor AutoencoderKL::decode_plain(const at::Tensor& z_in, Trace* trace) const {
   const VaeCoderWeights& d = w_->decoder;
   const int64_t groups = config_.norm_num_groups;
   auto record = [&](const std::string& name, const at::Tensor& t) {
@@ -255,7 +293,7 @@ at::Tensor AutoencoderKL::decode(const at::Tensor& z_in, Trace* trace) const {
   }
   at::Tensor h = conv2d(z, d.conv_in, 1, 1);
   record("decoder.conv_in", h);
-  h = mid_block_forward(d.mid, h, groups);
+  h = mid_block_forward(d.mid, h, groups, w_->attention_chunk);
   record("decoder.mid_block", h);
   for (size_t i = 0; i < d.blocks.size(); ++i) {
     h = up_block_forward(d.blocks[i], h, groups);
@@ -271,6 +309,23 @@ at::Tensor AutoencoderKL::decode(const at::Tensor& z_in, Trace* trace) const {
 TensorMap AutoencoderKL::encode(const at::Tensor& image, Trace* trace) const {
   if (!has_encoder()) throw ConfigError("AutoencoderKL::encode: the VAE was loaded without its encoder");
   check_input(image, "image", config_.in_channels);
+  auto one = [&](const at::Tensor& x) {
+    const VaeTiles tiles{tile_sample_, tile_latent_size(), tile_overlap_};
+    if (tiling_ && needs_tiles(x, tiles)) {
+      return tiled_apply(x, tiles, [&](const at::Tensor& t) { return encode_moments(t, nullptr); });
+    }
+    return encode_moments(x, trace);
+  };
+  const at::Tensor h = slicing_ ? sliced_apply(image, one) : one(image);
+  // DiagonalGaussianDistribution: mean, logvar = chunk(moments, 2, dim=1).
+  auto parts = h.chunk(2, 1);
+  TensorMap out;
+  out["mean"] = parts[0].contiguous();
+  out["std"] = at::exp(at::clamp(parts[1], -30.0, 20.0) * 0.5);
+  return out;
+}
+
+at::Tensor AutoencoderKL::encode_moments(const at::Tensor& image, Trace* trace) const {
   const VaeCoderWeights& e = w_->encoder;
   const int64_t groups = config_.norm_num_groups;
   auto record = [&](const std::string& name, const at::Tensor& t) {
@@ -283,7 +338,7 @@ TensorMap AutoencoderKL::encode(const at::Tensor& image, Trace* trace) const {
     h = down_block_forward(e.blocks[i], h, groups);
     record(fmt::format("encoder.down_blocks.{}", i), h);
   }
-  h = mid_block_forward(e.mid, h, groups);
+  h = mid_block_forward(e.mid, h, groups, w_->attention_chunk);
   record("encoder.mid_block", h);
   h = group_norm(h, e.conv_norm_out, groups);
   record("encoder.conv_norm_out", h);
@@ -293,12 +348,7 @@ TensorMap AutoencoderKL::encode(const at::Tensor& image, Trace* trace) const {
     h = conv2d(h, w_->quant_conv, 1, 0);
     record("quant_conv", h);
   }
-  // DiagonalGaussianDistribution: mean, logvar = chunk(moments, 2, dim=1).
-  auto parts = h.chunk(2, 1);
-  TensorMap out;
-  out["mean"] = parts[0].contiguous();
-  out["std"] = at::exp(at::clamp(parts[1], -30.0, 20.0) * 0.5);
-  return out;
+  return h;
 }
 
 TensorMap AutoencoderKL::forward(const TensorMap& inputs, Trace* trace) const {

@@ -56,6 +56,9 @@ struct VaeConfig {
   double shift_factor = 0.0;  // 0 when config.json has null
   bool has_shift = false;     // shift_factor was a number
   bool force_upcast = true;
+  // Tile side in pixels for tiled decode / encode (an int, or a list whose
+  // first entry is taken, as diffusers does).
+  int64_t sample_size = 32;
 
   // 2^(len(block_out_channels)-1): FluxPipeline's vae_scale_factor.
   int64_t scale_factor() const;
@@ -117,9 +120,22 @@ class AutoencoderKL final : public Model {
   // [4 * latent_channels] (the pipelines' latent normalisation). Internal error otherwise.
   at::Tensor latent_bn_mean() const;
   at::Tensor latent_bn_std() const;
+  // ModelOptions::vae_slicing / vae_tiling as loaded; tile sides (pixels, latents).
+  bool slicing() const { return slicing_; }
+  bool tiling() const { return tiling_; }
+  int64_t tile_sample_size() const { return tile_sample_; }
+  int64_t tile_latent_size() const { return tile_sample_ / config_.scale_factor(); }
 
  private:
+  // One decode / encode without slicing or tiling; encode_moments is the
+  // (quant_conv'd) [mean, logvar] the tiles are blended on.
+  at::Tensor decode_plain(const at::Tensor& z, Trace* trace) const;
+  at::Tensor encode_moments(const at::Tensor& image, Trace* trace) const;
+
   VaeConfig config_;
+  bool slicing_ = false, tiling_ = false;
+  int64_t tile_sample_ = 0;
+  double tile_overlap_ = 0.25;
   std::string compute_dtype_ = "fp32";
   bool upcast_ = false;
   std::shared_ptr<const VaeWeights> w_;

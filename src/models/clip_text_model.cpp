@@ -20,6 +20,7 @@
 #include "models/model_builder.h"
 #include "models/model_config.h"
 #include "models/model_registry.h"
+#include "models/nn_ops.h"
 #include "models/text_encoder_common.h"
 #include "parallel/parallel_linear.h"
 #include "runtime/error.h"
@@ -66,6 +67,7 @@ struct ClipTextWeights {
   parallel::Weight token, position;  // [V, H], [P, H]
   std::vector<ClipLayerWeights> layers;
   Affine final_ln;
+  int64_t attention_chunk = 0;  // ModelOptions::attention_chunk (nn::over_query_chunks; 0 = all at once)
 };
 
 namespace {
@@ -108,9 +110,12 @@ std::unique_ptr<ClipTextModel> ClipTextModel::load(checkpoint::WeightSource& sou
                                                    const ModelOptions& options) {
   auto m = std::make_unique<ClipTextModel>();
   m->config_ = ClipTextConfig::from_json(config, config_path);
+  const int64_t attention_chunk = nn::checked_attention_chunk(options.attention_chunk);
   auto w = std::make_shared<ClipTextWeights>();
   BuiltModel built = build_model(kClass, source, parallel::TpContext{}, {options.dtype, options.device, options.mode, {}},
                                  [&](ModelBuilder& b) { *w = declare_clip(m->config_, b); });
+  w->attention_chunk = attention_chunk;
+  nn::log_eager_attention(kClass, attention_chunk);
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
   m->w_ = std::move(w);
@@ -160,9 +165,15 @@ TensorMap ClipTextModel::encode(const at::Tensor& input_ids, Trace* trace) const
     const ClipLayerWeights& l = w.layers[i];
     at::Tensor x = at::layer_norm(h, {H}, l.ln1.weight.get(), l.ln1.bias.get(), c.layer_norm_eps);
     at::Tensor q = split_heads(l.q.forward(x)), k = split_heads(l.k.forward(x)), v = split_heads(l.v.forward(x));
-    at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) * scale + mask;
-    at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-    at::Tensor attn = at::matmul(probs, v).transpose(1, 2).reshape({B, S, H});
+    // With attention_chunk: the query rows (of q and of the mask) in chunks.
+    at::Tensor attn = nn::over_query_chunks(S, w.attention_chunk, 2, [&](int64_t start, int64_t n) {
+      const at::Tensor qc = n == S ? q : q.narrow(2, start, n);
+      const at::Tensor mc = n == S ? mask : mask.narrow(0, start, n);
+      at::Tensor scores = at::matmul(qc, k.transpose(-1, -2)) * scale + mc;
+      at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+      return at::matmul(probs, v);
+    });
+    attn = attn.transpose(1, 2).reshape({B, S, H});
     h = h + l.out.forward(attn);
     x = at::layer_norm(h, {H}, l.ln2.weight.get(), l.ln2.bias.get(), c.layer_norm_eps);
     h = h + l.fc2.forward(hf_activation(l.fc1.forward(x), c.hidden_act));

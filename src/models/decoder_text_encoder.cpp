@@ -19,12 +19,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
 #include "models/decoder_text_encoder_layers.h"
 #include "models/model_builder.h"
 #include "models/model_config.h"
 #include "models/model_inputs.h"
 #include "models/model_registry.h"
+#include "models/nn_ops.h"
 #include "models/text_encoder_common.h"
 #include "runtime/error.h"
 
@@ -405,6 +407,7 @@ std::unique_ptr<DecoderTextEncoder> DecoderTextEncoder::load(checkpoint::WeightS
   if (c.family == DecoderFamily::Mistral3) c.layout = detect_layout(source, c);
   m->hidden_layers_ = options.hidden_layers;
   m->layers_run_ = layers_needed(c, options.hidden_layers);
+  m->attention_chunk_ = nn::checked_attention_chunk(options.attention_chunk);
   m->final_norm_ = m->layers_run_ == c.layers;
   m->tp_ = tp;
   auto w = std::make_shared<DecoderWeights>();
@@ -416,6 +419,8 @@ std::unique_ptr<DecoderTextEncoder> DecoderTextEncoder::load(checkpoint::WeightS
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
   m->w_ = std::move(w);
+  nn::log_sdpa_attention(c.cls, options.device, checkpoint::parse_compute_dtype(options.dtype, "dtype"),
+                         c.heads / tp.size, c.head_dim, true, m->attention_chunk_);
   return m;
 }
 
@@ -485,6 +490,7 @@ std::vector<at::Tensor> DecoderTextEncoder::hidden_states(const at::Tensor& inpu
   ctx.act = c.act;
   ctx.cos = &cos;
   ctx.sin = &sin;
+  ctx.attention_chunk = attention_chunk_;
   for (int64_t i = 0; i < layers_run_; ++i) {
     const int64_t window = c.window[static_cast<size_t>(i)];
     auto it = masks.find(window);

@@ -22,13 +22,13 @@
 #include <ATen/ops/rsqrt.h>
 #include <ATen/ops/rsub.h>
 #include <ATen/ops/sin.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/where.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <fmt/format.h>
 
 #include "models/decoder_text_encoder.h"
+#include "models/nn_ops.h"
 #include "models/text_encoder_common.h"
 #include "runtime/error.h"
 
@@ -163,9 +163,10 @@ at::Tensor decoder_layer_forward(const DecoderLayerWeights& w, const at::Tensor&
   }
   // transformers' default attention (sdpa) with its boolean mask: the same
   // libtorch kernel diffusers' pipelines run; a query that sees no key (left
-  // padding) gets 0, as torch's SDPA gives it.
+  // padding) gets 0, as torch's SDPA gives it. With attention_chunk the
+  // queries (and the mask's query rows) go in chunks.
   const double scaling = std::pow(static_cast<double>(d), -0.5);
-  const at::Tensor attn = at::scaled_dot_product_attention(q, k, v, *ctx.mask, 0.0, false, scaling)
+  const at::Tensor attn = nn::sdpa(q, k, v, *ctx.mask, scaling, ctx.attention_chunk)
                               .transpose(1, 2)
                               .contiguous()
                               .reshape({batch, seq, -1});

@@ -106,7 +106,7 @@ Flux2Weights declare_flux2(const Flux2Config& c, bool shard_modulation, ModelBui
 
 void flux2_double_block_forward(const Flux2DoubleBlockWeights& w, const Flux2Config& c, const at::Tensor& mod_img,
                                 const at::Tensor& mod_txt, const nn::Rope& rope, at::Tensor& hidden,
-                                at::Tensor& encoder) {
+                                at::Tensor& encoder, int64_t attention_chunk) {
   // Flux2Modulation.split(mod, 2): (shift, scale, gate) for attention, then for the feed-forward.
   auto m = mod_img.chunk(6, 1);
   auto mc = mod_txt.chunk(6, 1);
@@ -123,7 +123,7 @@ void flux2_double_block_forward(const Flux2DoubleBlockWeights& w, const Flux2Con
                           heads_of(w.to_v.forward(nx), hd, nullptr, c.eps)}, 2);
   q = nn::apply_rope(q, rope);
   k = nn::apply_rope(k, rope);
-  at::Tensor attn = merge_heads(nn::attention(q, k, v, w.to_q.tp().size));
+  at::Tensor attn = merge_heads(nn::attention(q, k, v, w.to_q.tp().size, attention_chunk));
   const int64_t txt = encoder.size(1);
   const at::Tensor attn_txt = attn.narrow(1, 0, txt).contiguous();
   const at::Tensor attn_img = attn.narrow(1, txt, attn.size(1) - txt).contiguous();
@@ -142,7 +142,7 @@ void flux2_double_block_forward(const Flux2DoubleBlockWeights& w, const Flux2Con
 }
 
 void flux2_single_block_forward(const Flux2SingleBlockWeights& w, const Flux2Config& c, const at::Tensor& mod,
-                                const nn::Rope& rope, at::Tensor& joint) {
+                                const nn::Rope& rope, at::Tensor& joint, int64_t attention_chunk) {
   auto m = mod.chunk(3, 1);  // shift, scale, gate
   const at::Tensor proj = w.to_qkv_mlp.forward(flux2_modulate(joint, m[0], m[1], c.eps));
   // Split this rank's [q_r, k_r, v_r, gate_r, up_r] by the global QKV : MLP
@@ -156,7 +156,7 @@ void flux2_single_block_forward(const Flux2SingleBlockWeights& w, const Flux2Con
   const at::Tensor q = nn::apply_rope(heads_of(qkv[0], hd, &w.norm_q, c.eps), rope);
   const at::Tensor k = nn::apply_rope(heads_of(qkv[1], hd, &w.norm_k, c.eps), rope);
   const at::Tensor v = heads_of(qkv[2], hd, nullptr, c.eps);
-  const at::Tensor attn = merge_heads(nn::attention(q, k, v, w.to_qkv_mlp.tp().size));
+  const at::Tensor attn = merge_heads(nn::attention(q, k, v, w.to_qkv_mlp.tp().size, attention_chunk));
   // to_out is packed rowwise over [attn (inner), mlp (mlp_hidden)]: this
   // rank's input is its attention heads followed by its mlp slice.
   joint = clip_fp16(joint + m[2].unsqueeze(1) * w.to_out.forward(at::cat({attn, mlp}, -1)));

@@ -47,11 +47,12 @@ Flux2Weights declare_flux2(const Flux2Config& config, bool shard_modulation, Mod
 // Block forwards. `mod_img` / `mod_txt`: the full double-stream modulation
 // vectors [B, 6*inner] (two sets of shift, scale, gate); `mod`: the single
 // stream's [B, 3*inner]. `joint` is the single blocks' [txt, img] stream.
+// `attention_chunk`: ModelOptions::attention_chunk (nn::attention; 0 = one call).
 void flux2_double_block_forward(const Flux2DoubleBlockWeights& w, const Flux2Config& config,
                                 const at::Tensor& mod_img, const at::Tensor& mod_txt, const nn::Rope& rope,
-                                at::Tensor& hidden, at::Tensor& encoder);
+                                at::Tensor& hidden, at::Tensor& encoder, int64_t attention_chunk);
 void flux2_single_block_forward(const Flux2SingleBlockWeights& w, const Flux2Config& config, const at::Tensor& mod,
-                                const nn::Rope& rope, at::Tensor& joint);
+                                const nn::Rope& rope, at::Tensor& joint, int64_t attention_chunk);
 
 // (1 + scale) * LayerNorm(x) + shift, LayerNorm without affine; scale and
 // shift [B, D] broadcast over the tokens.

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
 #include "models/flux2_blocks.h"
 #include "models/model_config.h"
@@ -78,12 +79,15 @@ std::unique_ptr<Flux2Transformer> Flux2Transformer::load(checkpoint::WeightSourc
   m->config_ = Flux2Config::from_json(config, config_path);
   m->tp_ = tp;
   m->shard_modulation_ = options.shard_modulation;
+  m->attention_chunk_ = nn::checked_attention_chunk(options.attention_chunk);
   auto w = std::make_shared<Flux2Weights>();
   BuiltModel built = build_model(kClass, source, tp, {options.dtype, options.device, options.mode, {}},
                                  [&](ModelBuilder& b) { *w = declare_flux2(m->config_, options.shard_modulation, b); });
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
   m->w_ = std::move(w);
+  nn::log_sdpa_attention(kClass, options.device, checkpoint::parse_compute_dtype(options.dtype, "dtype"),
+                         m->config_.heads / tp.size, m->config_.head_dim, false, m->attention_chunk_);
   return m;
 }
 
@@ -169,14 +173,14 @@ at::Tensor Flux2Transformer::run(const TensorMap& in, Trace* trace) const {
   record("pos_embed.freqs_sin", *rope.sin);
 
   for (size_t i = 0; i < w.doubles.size(); ++i) {
-    flux2_double_block_forward(w.doubles[i], config_, mods[0], mods[1], rope, hidden, encoder);
+    flux2_double_block_forward(w.doubles[i], config_, mods[0], mods[1], rope, hidden, encoder, attention_chunk_);
     record(fmt::format("transformer_blocks.{}.encoder_hidden_states", i), encoder);
     record(fmt::format("transformer_blocks.{}.hidden_states", i), hidden);
   }
   const int64_t txt = encoder.size(1);
   at::Tensor joint = at::cat({encoder, hidden}, 1);
   for (size_t i = 0; i < w.singles.size(); ++i) {
-    flux2_single_block_forward(w.singles[i], config_, mods[2], rope, joint);
+    flux2_single_block_forward(w.singles[i], config_, mods[2], rope, joint, attention_chunk_);
     record(fmt::format("single_transformer_blocks.{}.hidden_states", i), joint);
   }
   hidden = joint.narrow(1, txt, joint.size(1) - txt);

@@ -102,10 +102,13 @@ class Flux2Transformer final : public Model {
   int64_t all_reduces_per_forward() const override;
 
   const Flux2Config& config() const { return config_; }
+  // ModelOptions::attention_chunk as loaded (0: one attention call over all queries).
+  int64_t attention_chunk() const { return attention_chunk_; }
 
  private:
   Flux2Config config_;
   bool shard_modulation_ = false;
+  int64_t attention_chunk_ = 0;  // ModelOptions::attention_chunk
   std::shared_ptr<const Flux2Weights> w_;
 };
 

@@ -102,7 +102,7 @@ FluxWeights declare_flux(const FluxConfig& c, bool shard_modulation, ModelBuilde
 
 void double_block_forward(const DoubleBlockWeights& w, int64_t head_dim, const at::Tensor& mod,
                           const at::Tensor& mod_context, const nn::Rope& rope, at::Tensor& hidden,
-                          at::Tensor& encoder) {
+                          at::Tensor& encoder, int64_t attention_chunk) {
   // AdaLayerNormZero: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp.
   auto m = mod.chunk(6, 1);
   auto mc = mod_context.chunk(6, 1);
@@ -118,7 +118,7 @@ void double_block_forward(const DoubleBlockWeights& w, int64_t head_dim, const a
                           heads_of(w.to_v.forward(nx), head_dim, nullptr)}, 2);
   q = nn::apply_rope(q, rope);
   k = nn::apply_rope(k, rope);
-  at::Tensor attn = merge_heads(nn::attention(q, k, v, w.to_q.tp().size));
+  at::Tensor attn = merge_heads(nn::attention(q, k, v, w.to_q.tp().size, attention_chunk));
   const int64_t txt = encoder.size(1);
   at::Tensor attn_txt = attn.narrow(1, 0, txt).contiguous();
   at::Tensor attn_img = attn.narrow(1, txt, attn.size(1) - txt).contiguous();
@@ -137,7 +137,7 @@ void double_block_forward(const DoubleBlockWeights& w, int64_t head_dim, const a
 }
 
 void single_block_forward(const SingleBlockWeights& w, int64_t head_dim, const at::Tensor& mod, const nn::Rope& rope,
-                          at::Tensor& hidden, at::Tensor& encoder) {
+                          at::Tensor& hidden, at::Tensor& encoder, int64_t attention_chunk) {
   const int64_t txt = encoder.size(1);
   at::Tensor x = at::cat({encoder, hidden}, 1);
   // AdaLayerNormZeroSingle: shift_msa, scale_msa, gate_msa.
@@ -147,7 +147,7 @@ void single_block_forward(const SingleBlockWeights& w, int64_t head_dim, const a
   at::Tensor q = nn::apply_rope(heads_of(w.to_q.forward(n), head_dim, &w.norm_q), rope);
   at::Tensor k = nn::apply_rope(heads_of(w.to_k.forward(n), head_dim, &w.norm_k), rope);
   at::Tensor v = heads_of(w.to_v.forward(n), head_dim, nullptr);
-  at::Tensor attn = merge_heads(nn::attention(q, k, v, w.to_q.tp().size));
+  at::Tensor attn = merge_heads(nn::attention(q, k, v, w.to_q.tp().size, attention_chunk));
   // proj_out is packed rowwise over [attn (inner), mlp (mlp_hidden)]: this
   // rank's input is its attention heads followed by its mlp slice.
   x = clip_fp16(x + m[2].unsqueeze(1) * w.proj_out.forward(at::cat({attn, mlp}, 2)));

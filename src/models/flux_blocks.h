@@ -41,11 +41,12 @@ struct FluxWeights {
 FluxWeights declare_flux(const FluxConfig& config, bool shard_modulation, ModelBuilder& b);
 
 // Block forwards. `mod` / `mod_context`: the block's full (reduced, biased)
-// modulation vectors [B, 6*inner] (single: [B, 3*inner]).
+// modulation vectors [B, 6*inner] (single: [B, 3*inner]). `attention_chunk`:
+// ModelOptions::attention_chunk (nn::attention; 0 = one call).
 void double_block_forward(const DoubleBlockWeights& w, int64_t head_dim, const at::Tensor& mod,
                           const at::Tensor& mod_context, const nn::Rope& rope, at::Tensor& hidden,
-                          at::Tensor& encoder);
+                          at::Tensor& encoder, int64_t attention_chunk);
 void single_block_forward(const SingleBlockWeights& w, int64_t head_dim, const at::Tensor& mod, const nn::Rope& rope,
-                          at::Tensor& hidden, at::Tensor& encoder);
+                          at::Tensor& hidden, at::Tensor& encoder, int64_t attention_chunk);
 
 }  // namespace tprun::models

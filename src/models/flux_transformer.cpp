@@ -14,6 +14,7 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 
+#include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
 #include "models/flux_blocks.h"
 #include "models/model_config.h"
@@ -64,12 +65,15 @@ std::unique_ptr<FluxTransformer> FluxTransformer::load(checkpoint::WeightSource&
   m->config_ = FluxConfig::from_json(config, config_path);
   m->tp_ = tp;
   m->shard_modulation_ = options.shard_modulation;
+  m->attention_chunk_ = nn::checked_attention_chunk(options.attention_chunk);
   auto w = std::make_shared<FluxWeights>();
   BuiltModel built = build_model(kClass, source, tp, {options.dtype, options.device, options.mode, {}},
                                  [&](ModelBuilder& b) { *w = declare_flux(m->config_, options.shard_modulation, b); });
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
   m->w_ = std::move(w);
+  nn::log_sdpa_attention(kClass, options.device, checkpoint::parse_compute_dtype(options.dtype, "dtype"),
+                         m->config_.heads / tp.size, m->config_.head_dim, false, m->attention_chunk_);
   return m;
 }
 
@@ -150,13 +154,14 @@ at::Tensor FluxTransformer::run(const TensorMap& in, FluxTrace* trace) const {
 
   size_t mi = 0;
   for (size_t i = 0; i < w.doubles.size(); ++i) {
-    double_block_forward(w.doubles[i], config_.head_dim, mod_out[mi], mod_out[mi + 1], rope, hidden, encoder);
+    double_block_forward(w.doubles[i], config_.head_dim, mod_out[mi], mod_out[mi + 1], rope, hidden, encoder,
+                         attention_chunk_);
     mi += 2;
     record(fmt::format("transformer_blocks.{}.encoder_hidden_states", i), encoder);
     record(fmt::format("transformer_blocks.{}.hidden_states", i), hidden);
   }
   for (size_t i = 0; i < w.singles.size(); ++i) {
-    single_block_forward(w.singles[i], config_.head_dim, mod_out[mi++], rope, hidden, encoder);
+    single_block_forward(w.singles[i], config_.head_dim, mod_out[mi++], rope, hidden, encoder, attention_chunk_);
     record(fmt::format("single_transformer_blocks.{}.encoder_hidden_states", i), encoder);
     record(fmt::format("single_transformer_blocks.{}.hidden_states", i), hidden);
   }

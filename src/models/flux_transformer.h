@@ -86,10 +86,13 @@ class FluxTransformer final : public Model {
   int64_t all_reduces_per_forward() const override;
 
   const FluxConfig& config() const { return config_; }
+  // ModelOptions::attention_chunk as loaded (0: one attention call over all queries).
+  int64_t attention_chunk() const { return attention_chunk_; }
 
  private:
   FluxConfig config_;
   bool shard_modulation_ = false;
+  int64_t attention_chunk_ = 0;  // ModelOptions::attention_chunk
   std::shared_ptr<const FluxWeights> w_;
 };
 

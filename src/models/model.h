@@ -31,6 +31,22 @@ struct ModelOptions {
   // output of layer k-1). Layers after the last one asked for are neither
   // loaded nor run. Empty: every layer (and the final norm).
   std::vector<int64_t> hidden_layers;
+  // VAEs, as diffusers' enable_slicing() / enable_tiling(): a batch decoded
+  // and encoded one image at a time; images larger than a tile decoded and
+  // encoded in overlapping, blended tiles (models/vae_tiling.h). Tile side
+  // in pixels: 0 = the config's sample_size; overlap: diffusers' 0.25.
+  bool vae_slicing = false;
+  bool vae_tiling = false;
+  int64_t vae_tile_sample_size = 0;
+  double vae_tile_overlap = 0.25;
+  // Attention with the queries in chunks of at most this many tokens, each
+  // against all keys / values (exact up to floating-point order; bounds the
+  // activation memory of attention at large images), in every attention of
+  // the model (models/nn_ops.h "attention"). 0: one call over all queries
+  // (the default, unchanged). A load refuses a value outside
+  // [0, nn::kMaxAttentionChunk] (ConfigError) and logs, once, the attention
+  // backend and this choice at info level.
+  int64_t attention_chunk = 0;
 };
 
 class Model {

@@ -28,6 +28,7 @@
 #include "models/model_builder.h"
 #include "models/model_config.h"
 #include "models/model_registry.h"
+#include "models/nn_ops.h"
 #include "models/text_encoder_common.h"
 #include "parallel/parallel_linear.h"
 #include "runtime/error.h"
@@ -110,6 +111,7 @@ struct T5Weights {
   parallel::Weight relative_bias;  // [buckets, H], whole on every rank
   std::vector<T5BlockWeights> blocks;
   parallel::Weight final_ln;
+  int64_t attention_chunk = 0;  // ModelOptions::attention_chunk (nn::over_query_chunks; 0 = all at once)
 };
 
 namespace {
@@ -168,9 +170,12 @@ std::unique_ptr<T5Encoder> T5Encoder::load(checkpoint::WeightSource& source, con
   auto m = std::make_unique<T5Encoder>();
   m->config_ = T5Config::from_json(config, config_path);
   m->tp_ = tp;
+  const int64_t attention_chunk = nn::checked_attention_chunk(options.attention_chunk);
   auto w = std::make_shared<T5Weights>();
   BuiltModel built = build_model(kClass, source, tp, {options.dtype, options.device, options.mode, {}},
                                  [&](ModelBuilder& b) { *w = declare_t5(m->config_, options.dtype, b); });
+  w->attention_chunk = attention_chunk;
+  nn::log_eager_attention(kClass, attention_chunk);
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
   m->w_ = std::move(w);
@@ -228,9 +233,14 @@ at::Tensor T5Encoder::encode(const at::Tensor& input_ids, Trace* trace) const {
     // Self-attention, this rank's heads; no 1/sqrt(d) scaling in T5.
     at::Tensor x = t5_layer_norm(h, b.ln_attn.get(), c.layer_norm_eps);
     at::Tensor q = split_heads(b.q.forward(x)), k = split_heads(b.k.forward(x)), v = split_heads(b.v.forward(x));
-    at::Tensor scores = at::matmul(q, k.transpose(3, 2)) + bias;
-    at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(scores.scalar_type());
-    at::Tensor attn = at::matmul(probs, v).transpose(1, 2).reshape({B, L, -1});
+    // With attention_chunk: the query rows (of q and of the bias) in chunks.
+    at::Tensor attn = nn::over_query_chunks(L, w.attention_chunk, 2, [&](int64_t start, int64_t n) {
+      auto rows = [&](const at::Tensor& t) { return n == L ? t : t.narrow(2, start, n); };
+      at::Tensor scores = at::matmul(rows(q), k.transpose(3, 2)) + rows(bias);
+      at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(scores.scalar_type());
+      return at::matmul(probs, v);
+    });
+    attn = attn.transpose(1, 2).reshape({B, L, -1});
     h = clamp_fp16(h + b.o.forward(attn));
     // Feed-forward.
     x = t5_layer_norm(h, b.ln_ff.get(), c.layer_norm_eps);

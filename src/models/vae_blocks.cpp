@@ -9,9 +9,10 @@
 #include <ATen/ops/conv2d.h>
 #include <ATen/ops/group_norm.h>
 #include <ATen/ops/linear.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/upsample_nearest2d.h>
+
+#include "models/nn_ops.h"
 
 namespace tprun::models {
 
@@ -77,24 +78,26 @@ at::Tensor resnet_forward(const ResnetWeights& w, const at::Tensor& x, int64_t g
   return h.add_(x);
 }
 
-at::Tensor attention_forward(const AttentionWeights& w, const at::Tensor& x, int64_t groups) {
+at::Tensor attention_forward(const AttentionWeights& w, const at::Tensor& x, int64_t groups,
+                             int64_t attention_chunk) {
   const int64_t b = x.size(0), c = x.size(1), hgt = x.size(2), wid = x.size(3);
   // GroupNorm over channels of [B, C, H, W] equals diffusers' norm of [B, C, H*W].
   at::Tensor tokens = group_norm(x, w.group_norm, groups).reshape({b, c, hgt * wid}).transpose(1, 2);  // [B, N, C]
   // One head of all channels: [B, 1, N, C] each.
   at::Tensor q = w.to_q.forward(tokens).unsqueeze(1), k = w.to_k.forward(tokens).unsqueeze(1),
              v = w.to_v.forward(tokens).unsqueeze(1);
-  // softmax(Q K^T / sqrt(C)) V without materialising Q K^T where the backend can.
-  at::Tensor attn = at::scaled_dot_product_attention(q, k, v).squeeze(1);  // [B, N, C]
+  // softmax(Q K^T / sqrt(C)) V without materialising Q K^T where the backend can
+  // (libtorch's SDPA; the queries in chunks with attention_chunk).
+  at::Tensor attn = nn::sdpa(q, k, v, std::nullopt, std::nullopt, attention_chunk).squeeze(1);  // [B, N, C]
   at::Tensor out = w.to_out.forward(attn);
   // residual_connection, rescale_output_factor 1 (x first: the sum keeps x's NCHW layout).
   return x + out.transpose(1, 2).reshape({b, c, hgt, wid});
 }
 
-at::Tensor mid_block_forward(const MidBlockWeights& w, const at::Tensor& x, int64_t groups) {
+at::Tensor mid_block_forward(const MidBlockWeights& w, const at::Tensor& x, int64_t groups, int64_t attention_chunk) {
   at::Tensor h = resnet_forward(w.resnets.at(0), x, groups);
   for (size_t i = 1; i < w.resnets.size(); ++i) {
-    if (!w.attentions.empty()) h = attention_forward(w.attentions.at(i - 1), h, groups);
+    if (!w.attentions.empty()) h = attention_forward(w.attentions.at(i - 1), h, groups, attention_chunk);
     h = resnet_forward(w.resnets[i], h, groups);
   }
   return h;

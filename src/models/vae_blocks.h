@@ -58,6 +58,7 @@ struct VaeWeights {
   VaeCoderWeights encoder, decoder;
   Affine quant_conv, post_quant_conv;  // weight null when absent
   parallel::Weight bn_mean, bn_var;    // AutoencoderKLFlux2's latent statistics [4 * latent_channels]
+  int64_t attention_chunk = 0;         // ModelOptions::attention_chunk, for the mid-block attentions
 };
 
 // Declarations (module order as diffusers' state_dict).
@@ -70,8 +71,11 @@ MidBlockWeights declare_mid_block(ModelBuilder& b, const std::string& prefix, in
 at::Tensor conv2d(const at::Tensor& x, const Affine& w, int64_t stride = 1, int64_t padding = 1);
 at::Tensor group_norm(const at::Tensor& x, const Affine& w, int64_t groups);
 at::Tensor resnet_forward(const ResnetWeights& w, const at::Tensor& x, int64_t groups);
-at::Tensor attention_forward(const AttentionWeights& w, const at::Tensor& x, int64_t groups);
-at::Tensor mid_block_forward(const MidBlockWeights& w, const at::Tensor& x, int64_t groups);
+// `attention_chunk`: the H*W queries in chunks of at most that many tokens
+// (nn::sdpa; 0 = one call).
+at::Tensor attention_forward(const AttentionWeights& w, const at::Tensor& x, int64_t groups,
+                             int64_t attention_chunk);
+at::Tensor mid_block_forward(const MidBlockWeights& w, const at::Tensor& x, int64_t groups, int64_t attention_chunk);
 at::Tensor up_block_forward(const SampleBlockWeights& w, const at::Tensor& x, int64_t groups);
 at::Tensor down_block_forward(const SampleBlockWeights& w, const at::Tensor& x, int64_t groups);
 

@@ -159,18 +159,14 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
 
   {
     auto source = checkpoint::open_weight_source(component(pf, "transformer").path, options.variant);
-    models::ModelOptions o;
-    o.dtype = options.dtype;
-    o.device = options.device;
+    models::ModelOptions o = component_options(options);
     o.shard_modulation = options.shard_modulation;
     impl->transformer = models::Flux2Transformer::load(*source, tconf, tpath, tp, o);
     impl->bytes += impl->transformer->bytes_loaded();
   }
   if (options.text_encoders) {
     auto source = checkpoint::open_weight_source(component(pf, "text_encoder").path, options.variant);
-    models::ModelOptions o;
-    o.dtype = options.dtype;
-    o.device = options.device;
+    models::ModelOptions o = component_options(options);
     o.hidden_layers = layers;
     const parallel::TpContext etp = shard_text ? tp : parallel::TpContext{};
     impl->text_encoder = models::DecoderTextEncoder::load(*source, econf, epath, etp, o);
@@ -178,9 +174,7 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
   }
   if (options.decode_on_every_rank || tp.rank == 0) {
     auto source = checkpoint::open_weight_source(component(pf, "vae").path, options.variant);
-    models::ModelOptions o;
-    o.dtype = options.dtype;
-    o.device = options.device;
+    models::ModelOptions o = component_options(options);
     o.part = "decoder";
     impl->vae = models::AutoencoderKL::load(*source, vconf, vpath, {}, o);
     impl->bytes += impl->vae->bytes_loaded();

@@ -139,17 +139,13 @@ std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, cons
 
   {
     auto source = checkpoint::open_weight_source(component(pf, "transformer").path, options.variant);
-    models::ModelOptions o;
-    o.dtype = options.dtype;
-    o.device = options.device;
+    models::ModelOptions o = component_options(options);
     o.shard_modulation = options.shard_modulation;
     impl->transformer = models::FluxTransformer::load(*source, tconf, tpath, tp, o);
     impl->bytes += impl->transformer->bytes_loaded();
   }
   if (options.text_encoders) {
-    models::ModelOptions o;
-    o.dtype = options.dtype;
-    o.device = options.device;
+    models::ModelOptions o = component_options(options);
     {
       auto source = checkpoint::open_weight_source(component(pf, "text_encoder").path, options.variant);
       impl->clip = models::ClipTextModel::load(*source, cconf, cpath, {}, o);
@@ -164,9 +160,7 @@ std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, cons
   }
   if (options.decode_on_every_rank || tp.rank == 0) {
     auto source = checkpoint::open_weight_source(component(pf, "vae").path, options.variant);
-    models::ModelOptions o;
-    o.dtype = options.dtype;
-    o.device = options.device;
+    models::ModelOptions o = component_options(options);
     o.part = "decoder";
     impl->vae = models::AutoencoderKL::load(*source, vconf, vpath, {}, o);
     impl->bytes += impl->vae->bytes_loaded();

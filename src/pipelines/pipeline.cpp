@@ -9,6 +9,13 @@
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
+
+models::ModelOptions component_options(const PipelineOptions& options) {
+  models::ModelOptions o = options.component_base;
+  o.dtype = options.dtype;
+  o.device = options.device;
+  return o;
+}
 namespace {
 
 std::map<std::string, PipelineLoader>& registry() {

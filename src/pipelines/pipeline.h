@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "models/model.h"
 #include "parallel/tp_context.h"
 #include "pipelines/generation_request.h"
 #include "pipelines/prompt_cache.h"
@@ -36,7 +37,14 @@ struct PipelineOptions {
   bool shard_modulation = false;      // the transformer's AdaLN modulations rowwise_split_input
   bool text_encoders = true;          // false: requests must give prompt embeddings
   bool decode_on_every_rank = false;  // default: TP rank 0 only loads the VAE and decodes
+  // What every component's load starts from: the memory settings the memory
+  // layer sets from [memory] (attention_chunk, VAE slicing and tiling); the
+  // pipeline adds dtype, device and each component's own options on top.
+  models::ModelOptions component_base;
 };
+
+// options.component_base with options' dtype and device.
+models::ModelOptions component_options(const PipelineOptions& options);
 
 struct StageTimes {
   double encode_s = 0;

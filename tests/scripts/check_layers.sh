@@ -13,8 +13,9 @@ declare -A allowed=(
   [parallel]="parallel checkpoint dist runtime"
   [models]="models parallel checkpoint dist runtime"
   [pipelines]="pipelines models parallel checkpoint dist runtime"
-  [jobs]="jobs pipelines models parallel checkpoint dist runtime"
-  [cli]="cli jobs pipelines models parallel checkpoint dist runtime"
+  [memory]="memory pipelines models parallel checkpoint dist runtime"
+  [jobs]="jobs memory pipelines models parallel checkpoint dist runtime"
+  [cli]="cli jobs memory pipelines models parallel checkpoint dist runtime"
 )
 bad=0
 for layer in "${!allowed[@]}"; do

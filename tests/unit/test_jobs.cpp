@@ -111,7 +111,7 @@ TEST_F(JobFiles, ManifestErrorsNameFileLineAndKey) {
       {"model = \"m\"\nrequests = \"r\"\n[paralel]\ntp = 2\n", "job.toml:3: paralel: unknown key"},
       {"model = \"m\"\nrequests = \"r\"\n[output]\nformats = [\"gif\"]\n", "output.formats: 'gif' is not one of"},
       {"model = \"m\"\nrequests = \"r\"\ndtype = \"fp8\"\n", "job.toml:3: dtype: 'fp8' is not one of"},
-      {"model = \"m\"\nrequests = \"r\"\n[memory]\noffload = true\n", "job.toml:4: memory.offload: unknown key"},
+      {"model = \"m\"\nrequests = \"r\"\n[memory]\noffload = true\n", "job.toml:4: memory.offload: not built yet"},
       {"requests = \"r\"\n", "model: required key is missing"},
       {"model = \"m\"\nrequests = \"r\"\n[defaults\n", "job.toml:3:"},
       {"model = \"m\"\nrequests = \"r\"\nparallel = 3\n", "job.toml:3: parallel: must be a table"},

@@ -1,0 +1,45 @@
+#include "memory/memory_options.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace tprun::memory {
+
+const std::vector<std::string>& memory_keys() {
+  static const std::vector<std::string> keys = {
+      "layerwise_casting", "offload",          "device_map",       "max_memory",     "vae_slicing",
+      "vae_tiling",        "vae_tile_sample_size", "vae_tile_overlap", "attention_chunk"};
+  return keys;
+}
+
+bool memory_key_built(const std::string& key) {
+  static const std::vector<std::string> unbuilt = {"layerwise_casting", "offload", "device_map", "max_memory"};
+  return std::find(unbuilt.begin(), unbuilt.end(), key) == unbuilt.end();
+}
+
+void apply(const MemoryOptions& m, models::ModelOptions& o) {
+  o.vae_slicing = m.vae_slicing;
+  o.vae_tiling = m.vae_tiling;
+  o.vae_tile_sample_size = m.vae_tile_sample_size;
+  o.vae_tile_overlap = m.vae_tile_overlap;
+  o.attention_chunk = m.attention_chunk;
+}
+
+void apply(const MemoryOptions& m, pipelines::PipelineOptions& o) { apply(m, o.component_base); }
+
+std::string describe(const MemoryOptions& m) {
+  std::vector<std::string> on;
+  if (m.vae_slicing) on.push_back("vae_slicing (one image at a time)");
+  if (m.vae_tiling) {
+    on.push_back(fmt::format("vae_tiling (tiles of {}, overlap {})",
+                             m.vae_tile_sample_size > 0 ? fmt::format("{} px", m.vae_tile_sample_size)
+                                                        : std::string("the VAE's sample_size"),
+                             m.vae_tile_overlap));
+  }
+  if (m.attention_chunk > 0) on.push_back(fmt::format("attention_chunk {} query tokens", m.attention_chunk));
+  if (on.empty()) return "memory: none";
+  return fmt::format("memory: {}", fmt::join(on, ", "));
+}
+
+}  // namespace tprun::memory

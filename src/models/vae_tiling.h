@@ -1,0 +1,45 @@
+#pragma once
+// Tiled VAE decode and encode, as diffusers' AutoencoderKL.enable_tiling()
+// does them: the input is cut into overlapping square tiles (stride
+// in_tile x (1 - overlap), the last ones smaller), each tile goes through the
+// coder alone, and each output tile is blended linearly into the one above
+// and the one to its left over blend = out_tile x overlap rows / columns,
+// then cropped to out_tile - blend and the crops concatenated. The blends
+// run in diffusers' order and in place, so a tile blended into its
+// neighbours is the blended one: the result equals diffusers' to the
+// floating-point order of the coder itself. Peak activation memory is one
+// tile's, whatever the image size.
+//
+// Sizes: in_tile / out_tile are (latent, sample) for decode and (sample,
+// latent) for encode; diffusers takes sample = the config's sample_size and
+// latent = sample / 2^(len(block_out_channels) - 1). Tiling applies when the
+// input is larger than in_tile on either side (diffusers' test).
+
+#include <cstdint>
+#include <functional>
+
+namespace at {
+class Tensor;
+}
+
+namespace tprun::models {
+
+struct VaeTiles {
+  int64_t in_tile = 0;   // tile side on the input (> 0)
+  int64_t out_tile = 0;  // tile side on the output (> 0)
+  double overlap = 0.25;  // [0, 1): share of a tile that overlaps the next
+};
+
+// True when `x` ([B, C, H, W]) is larger than one input tile on either side.
+bool needs_tiles(const at::Tensor& x, const VaeTiles& tiles);
+
+// f over the tiles of x, blended as above. ConfigError for tile sizes or an
+// overlap that leave no stride.
+at::Tensor tiled_apply(const at::Tensor& x, const VaeTiles& tiles,
+                       const std::function<at::Tensor(const at::Tensor&)>& f);
+
+// f over x one image at a time (diffusers' enable_slicing), concatenated on
+// dim 0; a batch of one is f(x).
+at::Tensor sliced_apply(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& f);
+
+}  // namespace tprun::models
