@@ -38,37 +38,20 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tprun_harness import Harness  # noqa: E402
+
 TOL = 1e-3
 COMPONENT_TOL = 1e-4
 PROMPT = "a red fox in fresh snow, watercolor"
-TPRUN = MPIRUN = ""
+H = None  # tprun_harness.Harness, set in main()
 ROOT = os.environ.get("TPRUN_SRC", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-failures = 0
 
 
-def check(ok, what):
-    global failures
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures += 1
-    return ok
 
 
-def run(args, np_=1, timeout=300):
-    cmd = [MPIRUN, "--oversubscribe", "-np", str(np_), TPRUN, *args, "--log-dir", ""]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, "timed out (hang?)"
-    return r.returncode, r.stdout + r.stderr
 
 
-def init_model(work, arch, name=None):
-    d = os.path.join(work, name or arch)
-    r = subprocess.run([TPRUN, "init-model", d, "--arch", arch], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"init-model {arch} failed: {r.stderr}")
-    return d
 
 
 def pipeline_class(folder):
@@ -94,7 +77,7 @@ def diffusers_run(folder, guidance, seed=1, steps=3, size=64):
 def tprun_generate(work, folder, guidance, tp, tag, extra=(), seed=1, steps=3, size=64):
     out = os.path.join(work, f"{tag}.safetensors")
     png = os.path.join(work, f"{tag}.png")
-    rc, log = run(["generate", "--model", folder, "--prompt", PROMPT, "--height", str(size), "--width", str(size),
+    rc, log = H.run(["generate", "--model", folder, "--prompt", PROMPT, "--height", str(size), "--width", str(size),
                    "--steps", str(steps), "--guidance", str(guidance), "--seed", str(seed), "--out", png,
                    "--out-tensors", out, *extra], np_=tp)
     if rc != 0:
@@ -108,11 +91,11 @@ def compare_generate(work, folder, label, guidance, tps=(1, 2), extras=((),)):
         for extra in extras:
             tag = f"{label}_tp{tp}{'_'.join(extra).replace('-', '')}"
             got, png = tprun_generate(work, folder, guidance, tp, tag, extra)
-            if not check(got is not None, f"{label} tp {tp} {' '.join(extra)} ran" + ("" if got else f": {png}")):
+            if not H.check(got is not None, f"{label} tp {tp} {' '.join(extra)} ran" + ("" if got else f": {png}")):
                 continue
             dl = (got["latents"] - ref_latents).abs().max().item()
             di = (got["image"] - ref_image).abs().max().item()
-            check(dl <= TOL and di <= TOL,
+            H.check(dl <= TOL and di <= TOL,
                   f"{label} tp {tp} {' '.join(extra)}: latents max abs diff {dl:.3g}, image {di:.3g} (tolerance {TOL})")
 
 
@@ -120,18 +103,18 @@ def case_folders(work):
     from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
     from transformers import AutoProcessor, AutoTokenizer, Mistral3ForConditionalGeneration, Qwen3ForCausalLM
     for arch, te_cls in (("flux2-klein", Qwen3ForCausalLM), ("flux2-dev", Mistral3ForConditionalGeneration)):
-        d = init_model(work, arch)
+        d = H.init_model(work, arch)
         for sub, cls in (("transformer", Flux2Transformer2DModel), ("vae", AutoencoderKLFlux2)):
             _, info = cls.from_pretrained(os.path.join(d, sub), output_loading_info=True)
             bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-            check(not bad, f"{arch} {sub}: diffusers loads it with no missing/unexpected keys {bad or ''}")
+            H.check(not bad, f"{arch} {sub}: diffusers loads it with no missing/unexpected keys {bad or ''}")
         _, info = te_cls.from_pretrained(os.path.join(d, "text_encoder"), output_loading_info=True)
         bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-        check(not bad, f"{arch} text_encoder: transformers loads it with no missing/unexpected keys {bad or ''}")
+        H.check(not bad, f"{arch} text_encoder: transformers loads it with no missing/unexpected keys {bad or ''}")
         tok_cls = json.load(open(os.path.join(d, "model_index.json")))["tokenizer"][1]
         loader = AutoProcessor if tok_cls == "PixtralProcessor" else AutoTokenizer
         tok = loader.from_pretrained(os.path.join(d, "tokenizer"))
-        check(type(tok).__name__.startswith(tok_cls.replace("Fast", "")),
+        H.check(type(tok).__name__.startswith(tok_cls.replace("Fast", "")),
               f"{arch} tokenizer loads as {type(tok).__name__} (model_index.json: {tok_cls})")
         # `tprun tokenize` gives the ids the pipeline's own encode step gives.
         pipe_cls = pipeline_class(d)
@@ -144,14 +127,14 @@ def case_folders(work):
             text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
                                            add_generation_prompt=True, enable_thinking=False)
             want = tok(text, padding="max_length", truncation=True, max_length=96)["input_ids"]
-        r = subprocess.run([TPRUN, "tokenize", "--model", d, "--prompt", PROMPT, "--max-sequence-length", "96",
+        r = subprocess.run([H.tprun, "tokenize", "--model", d, "--prompt", PROMPT, "--max-sequence-length", "96",
                             "--json"], capture_output=True, text=True)
         got = json.loads(r.stdout)["tokenizer"] if r.returncode == 0 else r.stderr
-        check(got == [int(i) for i in want], f"{arch}: tprun tokenize ids equal {pipe_cls.__name__}'s ({len(want)} ids)")
+        H.check(got == [int(i) for i in want], f"{arch}: tprun tokenize ids equal {pipe_cls.__name__}'s ({len(want)} ids)")
 
 
 def case_klein(work):
-    d = init_model(work, "flux2-klein")
+    d = H.init_model(work, "flux2-klein")
     compare_generate(work, d, "klein_cfg", 4.0)
     compare_generate(work, d, "klein_nocfg", 1.0)
     dist = os.path.join(work, "klein-distilled")
@@ -163,13 +146,13 @@ def case_klein(work):
 
 
 def case_dev(work):
-    d = init_model(work, "flux2-dev")
+    d = H.init_model(work, "flux2-dev")
     compare_generate(work, d, "dev", 4.0, extras=((), ("--replicate-text-encoders",)))
 
 
 def case_vae(work):
     from diffusers import AutoencoderKLFlux2
-    d = init_model(work, "flux2-klein")
+    d = H.init_model(work, "flux2-klein")
     vae = AutoencoderKLFlux2.from_pretrained(os.path.join(d, "vae")).eval()
     g = torch.Generator().manual_seed(5)
     z = torch.randn(1, vae.config.latent_channels, 4, 6, generator=g)
@@ -180,25 +163,25 @@ def case_vae(work):
     for comp, inputs, outs in (("vae_decoder", {"latents": z}, ("sample",)), ("vae_encoder", {"image": x}, ("mean", "std"))):
         inp, out = os.path.join(work, f"{comp}_in.safetensors"), os.path.join(work, f"{comp}_out.safetensors")
         save_file(inputs, inp)
-        rc, log = run(["forward", "--model", d, "--component", comp, "--inputs", inp, "--out", out])
-        if not check(rc == 0, f"{comp} forward ran" + ("" if rc == 0 else f": {log[-800:]}")):
+        rc, log = H.run(["forward", "--model", d, "--component", comp, "--inputs", inp, "--out", out])
+        if not H.check(rc == 0, f"{comp} forward ran" + ("" if rc == 0 else f": {log[-800:]}")):
             continue
         got = load_file(out)
         for name in outs:
             diff = (got[name] - want[name]).abs().max().item()
-            check(diff <= COMPONENT_TOL, f"{comp} {name}: max abs diff vs diffusers {diff:.3g} (tolerance {COMPONENT_TOL})")
+            H.check(diff <= COMPONENT_TOL, f"{comp} {name}: max abs diff vs diffusers {diff:.3g} (tolerance {COMPONENT_TOL})")
 
 
 def expect_refusal(label, folder, np_, want, code):
-    rc, log = run(["generate", "--model", folder, "--prompt", "x", "--height", "64", "--width", "64", "--steps", "1",
+    rc, log = H.run(["generate", "--model", folder, "--prompt", "x", "--height", "64", "--width", "64", "--steps", "1",
                    "--out", "never.png"], np_=np_, timeout=120)
     lines = [l for l in log.splitlines() if want in l]
-    check(rc == code and len(lines) >= np_ and "bytes on this rank" not in log,
+    H.check(rc == code and len(lines) >= np_ and "bytes on this rank" not in log,
           f"{label}: exit {rc} (want {code}), '{want}' on {len(lines)} of {np_} ranks, no weights loaded")
 
 
 def case_errors(work):
-    d = init_model(work, "flux2-klein")
+    d = H.init_model(work, "flux2-klein")
     bad = os.path.join(work, "bad-template")
     shutil.copytree(d, bad)
     cfg_path = os.path.join(bad, "tokenizer", "tokenizer_config.json")
@@ -221,36 +204,37 @@ def case_errors(work):
 
 
 def case_job(work):
-    model = init_model(work, "flux2-klein")
+    model = H.init_model(work, "flux2-klein")
     out = os.path.join(work, "job-out")
     manifest = os.path.join(ROOT, "jobs", "flux2-klein-demo.toml")
     # batch_size 1: a batched image may differ from the unbatched one by float rounding, and this
     # check is about the cache (a hit must give the bytes a fresh encode gives).
     args = ["run", manifest, "--set", f'model="{model}"', "--set", "output.batch_size=1", "--out", out,
             "--progress", "log"]
-    rc, log = run(args, np_=4, timeout=600)
-    if not check(rc == 0, f"job at dp 2 x tp 2: exit {rc}" + ("" if rc == 0 else f": {log[-1500:]}")):
+    rc, log = H.run(args, np_=4, timeout=600)
+    if not H.check(rc == 0, f"job at dp 2 x tp 2: exit {rc}" + ("" if rc == 0 else f": {log[-1500:]}")):
         return
     records = [json.loads(l) for l in open(os.path.join(out, "results.jsonl"))]
-    check(all(r["status"] == "done" for r in records) and len(records) == 15, f"{len(records)} requests, all done")
+    H.check(all(r["status"] == "done" for r in records) and len(records) == 15, f"{len(records)} requests, all done")
     saved = [l for l in log.splitlines() if "saved by the embeddings cache" in l]
-    check(bool(saved) and " 0 saved" not in saved[0], "summary: " + (saved[0].split("] ")[-1] if saved else "missing"))
+    H.check(bool(saved) and " 0 saved" not in saved[0], "summary: " + (saved[0].split("] ")[-1] if saved else "missing"))
     rec = next(r for r in records if r["id"] == "fox-seed-2")
     got, png = tprun_generate(work, model, 4.0, 2, "alone", seed=2, steps=4, size=64,
                               extra=("--max-sequence-length", "64"))
-    if check(got is not None, "generate of fox-seed-2 alone ran"):
+    if H.check(got is not None, "generate of fox-seed-2 alone ran"):
         from PIL import Image
         a = np.asarray(Image.open(os.path.join(out, rec["path"])))
         b = np.asarray(Image.open(png))
-        check(a.shape == b.shape and np.array_equal(a, b),
+        H.check(a.shape == b.shape and np.array_equal(a, b),
               "fox-seed-2 from the job (cached prompt) equals generate alone, byte for byte")
-    rc, log = run(args, np_=4, timeout=300)
-    check(rc == 0 and "0 to run" in log, "a rerun resumes with nothing to run")
+    rc, log = H.run(args, np_=4, timeout=300)
+    H.check(rc == 0 and "0 to run" in log, "a rerun resumes with nothing to run")
 
 
 def main():
-    global TPRUN, MPIRUN
-    TPRUN, MPIRUN, case = sys.argv[1], sys.argv[2], sys.argv[3]
+    global H
+    H = Harness(sys.argv[1], sys.argv[2])
+    case = sys.argv[3]
     torch.set_num_threads(2)
     work = tempfile.mkdtemp(prefix=f"tprun-flux2-pipeline-{case}-")
     try:
@@ -258,8 +242,8 @@ def main():
          "job": case_job}[case](work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{'FAILED' if failures else 'OK'}: {failures} failure(s)")
-    return 1 if failures else 0
+    print(f"{'FAILED' if H.failures else 'OK'}: {H.failures} failure(s)")
+    return 1 if H.failures else 0
 
 
 if __name__ == "__main__":

@@ -29,35 +29,18 @@ os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tprun_harness import Harness  # noqa: E402
+
 TOL = 1e-4
 EXACT_TOL = 1e-5
-TPRUN = MPIRUN = ""
-failures = 0
+H = None  # tprun_harness.Harness, set in main()
 
 
-def check(ok, what):
-    global failures
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures += 1
-    return ok
 
 
-def run(args, np_=1, timeout=300):
-    cmd = [MPIRUN, "--oversubscribe", "-np", str(np_), TPRUN, *args, "--log-dir", ""]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, "timed out (hang?)"
-    return r.returncode, r.stdout + r.stderr
 
 
-def init_model(work, arch, name=None):
-    d = os.path.join(work, name or arch)
-    r = subprocess.run([TPRUN, "init-model", d, "--arch", arch], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"init-model {arch} failed: {r.stderr}")
-    return d
 
 
 def set_sample_size(folder, size):
@@ -73,8 +56,8 @@ def forward(work, folder, comp, inputs, tag, memory=(), np_=1):
     args = ["forward", "--model", folder, "--component", comp, "--inputs", inp, "--out", out]
     for m in memory:
         args += ["--memory", m]
-    rc, log = run(args, np_=np_)
-    if not check(rc == 0, f"{tag}: forward ran" + ("" if rc == 0 else f": {log[-1200:]}")):
+    rc, log = H.run(args, np_=np_)
+    if not H.check(rc == 0, f"{tag}: forward ran" + ("" if rc == 0 else f": {log[-1200:]}")):
         return None
     return load_file(out)
 
@@ -102,7 +85,7 @@ def diffusers_vae(vae, z, x):
 def compare(tag, got, want, names, tol):
     for name in names:
         diff = (got[name] - want[name]).abs().max().item()
-        check(diff <= tol, f"{tag} {name}: max abs diff {diff:.3g} (tolerance {tol})")
+        H.check(diff <= tol, f"{tag} {name}: max abs diff {diff:.3g} (tolerance {tol})")
 
 
 def tprun_vae(work, folder, z, x, tag, memory=()):
@@ -115,7 +98,7 @@ def tprun_vae(work, folder, z, x, tag, memory=()):
 
 def case_vae_tiling(work):
     for arch in ("flux", "flux2-klein"):
-        folder = init_model(work, arch)
+        folder = H.init_model(work, arch)
         set_sample_size(folder, 32)
         vae = vae_class(folder).from_pretrained(os.path.join(folder, "vae")).eval()
         z, x = vae_inputs(vae, 1, 10, 14)
@@ -123,7 +106,7 @@ def case_vae_tiling(work):
         vae.enable_tiling()
         tiled = diffusers_vae(vae, z, x)
         spread = (tiled["sample"] - plain["sample"]).abs().max().item()
-        check(spread > 1e-3, f"{arch}: diffusers' tiled decode differs from its plain one by {spread:.3g} (tiles happen)")
+        H.check(spread > 1e-3, f"{arch}: diffusers' tiled decode differs from its plain one by {spread:.3g} (tiles happen)")
         got = tprun_vae(work, folder, z, x, f"{arch}_tiled", ("vae_tiling=true",))
         if got is not None:
             compare(f"{arch} tiled vs diffusers enable_tiling()", got, tiled, ("sample", "mean", "std"), TOL)
@@ -148,7 +131,7 @@ def case_vae_tiling(work):
 
 
 def case_vae_slicing(work):
-    folder = init_model(work, "flux")
+    folder = H.init_model(work, "flux")
     set_sample_size(folder, 32)
     vae = vae_class(folder).from_pretrained(os.path.join(folder, "vae")).eval()
     z, x = vae_inputs(vae, 3, 6, 6)
@@ -170,7 +153,7 @@ def case_vae_slicing(work):
 def case_attention(work):
     # The transformer parity fixtures of the FLUX.1 and FLUX.2 tests: any registered class.
     for arch in ("flux", "flux2-klein"):
-        folder = init_model(work, arch)
+        folder = H.init_model(work, arch)
         for tp in (1, 2):
             out = {}
             for tag, memory in (("plain", ()), ("chunked", ("attention_chunk=7",))):
@@ -180,25 +163,25 @@ def case_attention(work):
                         "--width", "64", "--steps", "2", "--seed", "3", "--out", png, "--out-tensors", tensors]
                 for m in memory:
                     args += ["--memory", m]
-                rc, log = run(args, np_=tp)
-                if check(rc == 0, f"{arch} tp {tp} generate {tag} ran" + ("" if rc == 0 else f": {log[-1200:]}")):
+                rc, log = H.run(args, np_=tp)
+                if H.check(rc == 0, f"{arch} tp {tp} generate {tag} ran" + ("" if rc == 0 else f": {log[-1200:]}")):
                     out[tag] = load_file(tensors)
                     if memory:
-                        check("chunks of 7" in log, f"{arch} tp {tp}: the log names the chunked attention")
+                        H.check("chunks of 7" in log, f"{arch} tp {tp}: the log names the chunked attention")
             if len(out) == 2:
                 for name in ("latents", "image"):
                     diff = (out["chunked"][name] - out["plain"][name]).abs().max().item()
-                    check(diff <= EXACT_TOL, f"{arch} tp {tp} attention_chunk=7 vs plain {name}: {diff:.3g}")
+                    H.check(diff <= EXACT_TOL, f"{arch} tp {tp} attention_chunk=7 vs plain {name}: {diff:.3g}")
 
 
 def expect_error(label, args, want, np_=2):
-    rc, log = run(args, np_=np_, timeout=120)
+    rc, log = H.run(args, np_=np_, timeout=120)
     lines = [l for l in log.splitlines() if want in l]
-    check(rc == 3 and len(lines) >= np_, f"{label}: exit {rc} (want 3), '{want}' on {len(lines)} of {np_} ranks")
+    H.check(rc == 3 and len(lines) >= np_, f"{label}: exit {rc} (want 3), '{want}' on {len(lines)} of {np_} ranks")
 
 
 def case_errors(work):
-    folder = init_model(work, "flux")
+    folder = H.init_model(work, "flux")
     base = ["generate", "--model", folder, "--prompt", "x", "--height", "64", "--width", "64", "--steps", "1",
             "--out", os.path.join(work, "never.png")]
     expect_error("unknown key", base + ["--memory", "vae_tilling=true"], "--memory vae_tilling: unknown key")
@@ -209,7 +192,7 @@ def case_errors(work):
     expect_error("malformed", base + ["--memory", "vae_tiling"], "expected KEY=VALUE")
     expect_error("tile size", base + ["--memory", "vae_tile_sample_size=4"],
                  "--memory vae_tile_sample_size: 4 is outside")
-    check(not os.path.exists(os.path.join(work, "never.png")), "no image written by any refused run")
+    H.check(not os.path.exists(os.path.join(work, "never.png")), "no image written by any refused run")
     # The manifest's [memory] table: file:line and key.
     with open(os.path.join(work, "prompts.jsonl"), "w") as f:
         f.write('{"id": "a", "prompt": "x"}\n')
@@ -218,12 +201,13 @@ def case_errors(work):
         f.write(f'model = "{folder}"\nrequests = "prompts.jsonl"\n[memory]\nvae_tiling = true\n'
                 'layerwise_casting = { storage = "float8_e4m3fn" }\n[output]\ndir = "out"\n')
     expect_error("manifest not built", ["run", manifest], "job.toml:5: memory.layerwise_casting: not built yet")
-    check(not os.path.exists(os.path.join(work, "out", "results.jsonl")), "no results written by the refused job")
+    H.check(not os.path.exists(os.path.join(work, "out", "results.jsonl")), "no results written by the refused job")
 
 
 def main():
-    global TPRUN, MPIRUN
-    TPRUN, MPIRUN, case = sys.argv[1], sys.argv[2], sys.argv[3]
+    global H
+    H = Harness(sys.argv[1], sys.argv[2])
+    case = sys.argv[3]
     torch.set_num_threads(2)
     work = tempfile.mkdtemp(prefix=f"tprun-memory-{case}-")
     try:
@@ -231,8 +215,8 @@ def main():
          "errors": case_errors}[case](work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{'FAILED' if failures else 'OK'}: {failures} failure(s)")
-    return 1 if failures else 0
+    print(f"{'FAILED' if H.failures else 'OK'}: {H.failures} failure(s)")
+    return 1 if H.failures else 0
 
 
 if __name__ == "__main__":
