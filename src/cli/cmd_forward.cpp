@@ -59,10 +59,10 @@ Command forward_command() {
     // The main output, or (a component with parts, e.g. a whole VAE given an image) the first one.
     const std::string shown = outputs.count(model->primary_output()) ? model->primary_output() : outputs.begin()->first;
     const at::Tensor& primary = outputs.at(shown);
-    spdlog::info("forward: {} {} ({}) tp {} dtype {} {} {} | load {:.2f} s ({} bytes this rank), forward {:.3f} s | {}",
+    spdlog::info("forward: {} {} ({}) tp {} dtype {} {} {} | load {:.2f} s ({} bytes this rank) stored {} bytes, forward {:.3f} s | {}",
                  args.path, args.component, model->table().cls, tp.size, args.dtype, shown,
                  fmt::join(primary.sizes().vec(), "x"), std::chrono::duration<double>(t1 - t0).count(),
-                 model->bytes_loaded(), std::chrono::duration<double>(t2 - t1).count(),
+                 model->bytes_loaded(), model->bytes_stored(), std::chrono::duration<double>(t2 - t1).count(),
                  tp.comm ? tp.comm->stats().summary() : std::string("no collectives (tp 1)"));
     if (session.rank() == 0) {
       checkpoint::write_tensor_file_f32(vm["out"].as<std::string>(), outputs);

@@ -10,6 +10,7 @@
 
 #include "checkpoint/tensor_file.h"
 #include "cli/memory_args.h"
+#include "memory/memory_apply.h"
 #include "cli/command.h"
 #include "cli/session_options.h"
 #include "dist/communicator.h"

@@ -15,7 +15,7 @@ void add_memory_option(po::options_description& desc) {
   po::options_description m("Memory");
   m.add_options()("memory", po::value<std::vector<std::string>>()->composing(),
                   "KEY=VALUE, repeatable: a key of the manifest's [memory] table (vae_slicing, vae_tiling, "
-                  "vae_tile_sample_size, vae_tile_overlap, attention_chunk), the value read as TOML");
+                  "vae_tile_sample_size, vae_tile_overlap, attention_chunk, layerwise_casting), the value read as TOML");
   desc.add(m);
 }
 

@@ -9,6 +9,7 @@
 #include "checkpoint/pipeline_folder.h"
 #include "checkpoint/torch_dtype.h"
 #include "cli/memory_args.h"
+#include "memory/memory_apply.h"
 #include "models/model_config.h"
 #include "models/model_registry.h"
 #include "runtime/error.h"

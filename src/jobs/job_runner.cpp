@@ -27,7 +27,7 @@
 #include "jobs/progress.h"
 #include "jobs/request_list.h"
 #include "jobs/results_log.h"
-#include "memory/memory_options.h"
+#include "memory/memory_apply.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"

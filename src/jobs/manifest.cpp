@@ -2,12 +2,14 @@
 // message, CLI overrides applied to the document before validation.
 #include "jobs/manifest.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
 #include <cstring>
 #include <map>
+#include <regex>
 #include <set>
 
 #include <fmt/format.h>
@@ -41,6 +43,10 @@ struct Doc {
   }
   std::string where(const std::string& key, const toml::node& node) const {
     if (overridden.count(key)) return flag_key(key);
+    // A key inside a table the flag set ("--memory layerwise_casting={...}").
+    for (const auto& o : overridden) {
+      if (key.size() > o.size() && key.compare(0, o.size(), o) == 0 && key[o.size()] == '.') return flag_key(key);
+    }
     return fmt::format("{}:{}: {}", path, node.source().begin.line, key);
   }
   [[noreturn]] void fail(const std::string& key, const toml::node& node, const std::string& what) const {
@@ -132,6 +138,42 @@ void walk_memory(const Doc& doc, const toml::table& table, memory::MemoryOptions
        }},
       {"attention_chunk", [&](const Reader& r, const std::string& f, const toml::node& v) {
          mo.attention_chunk = r.integer(f, v, 0, memory::kMaxAttentionChunk);
+       }},
+      {"layerwise_casting", [&](const Reader& r, const std::string& f, const toml::node& v) {
+         const std::string key = r.key(f);
+         if (!v.is_table()) {
+           doc.fail(key, v,
+                    fmt::format("must be a table ({{ storage = \"float8_e4m3fn\" }}), found {}", type_name(v)));
+         }
+         bool have_storage = false;
+         mo.layerwise_skip.reset();
+         walk(doc, *v.as_table(), key + ".",
+              {{"storage", [&](const Reader& r2, const std::string& f2, const toml::node& v2) {
+                  const std::string s = r2.str(f2, v2);
+                  const auto& ok = memory::layerwise_storage_dtypes();
+                  if (std::find(ok.begin(), ok.end(), s) == ok.end()) {
+                    doc.fail(r2.key(f2), v2, fmt::format("'{}' is not one of {}", s, fmt::join(ok, ", ")));
+                  }
+                  mo.layerwise_storage = s;
+                  have_storage = true;
+                }},
+               {"skip", [&](const Reader& r2, const std::string& f2, const toml::node& v2) {
+                  if (!v2.is_array()) {
+                    doc.fail(r2.key(f2), v2, fmt::format("must be an array of strings, found {}", type_name(v2)));
+                  }
+                  std::vector<std::string> patterns;
+                  for (const auto& e : *v2.as_array()) {
+                    const std::string p = r2.str(f2, e);
+                    try {
+                      std::regex re(p, std::regex::ECMAScript);
+                    } catch (const std::regex_error& err) {
+                      doc.fail(r2.key(f2), e, fmt::format("'{}' is not a regular expression ({})", p, err.what()));
+                    }
+                    patterns.push_back(p);
+                  }
+                  mo.layerwise_skip = std::move(patterns);
+                }}});
+         if (!have_storage) doc.fail(key + ".storage", v, "required key is missing");
        }}};
   std::vector<std::string> built;
   for (const auto& key : memory::memory_keys()) {

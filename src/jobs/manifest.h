@@ -10,7 +10,8 @@
 //   requests = "prompts.jsonl"        # JSONL, relative to the manifest
 //   [parallel]  tp = 1, dp = 0 (0: world / tp), device = "auto", allow_cross_node_tp = false,
 //               shard_text_encoders (unset: the pipeline's choice), shard_modulation = false
-//   [memory]    vae_slicing, vae_tiling, vae_tile_sample_size, vae_tile_overlap, attention_chunk
+//   [memory]    vae_slicing, vae_tiling, vae_tile_sample_size, vae_tile_overlap, attention_chunk,
+//               layerwise_casting = { storage = "float8_e4m3fn" | "float8_e5m2", skip = [regexes] }
 //               (memory/memory_options.h; the features not built yet are refused by name)
 //   [defaults]  height, width, steps, guidance, true_cfg_scale, negative_prompt,
 //               max_sequence_length (each: the pipeline's default when unset; FluxPipeline:

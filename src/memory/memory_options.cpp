@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace tprun::memory {
 
@@ -14,19 +15,15 @@ const std::vector<std::string>& memory_keys() {
 }
 
 bool memory_key_built(const std::string& key) {
-  static const std::vector<std::string> unbuilt = {"layerwise_casting", "offload", "device_map", "max_memory"};
+  static const std::vector<std::string> unbuilt = {"offload", "device_map", "max_memory"};
   return std::find(unbuilt.begin(), unbuilt.end(), key) == unbuilt.end();
 }
 
-void apply(const MemoryOptions& m, models::ModelOptions& o) {
-  o.vae_slicing = m.vae_slicing;
-  o.vae_tiling = m.vae_tiling;
-  o.vae_tile_sample_size = m.vae_tile_sample_size;
-  o.vae_tile_overlap = m.vae_tile_overlap;
-  o.attention_chunk = m.attention_chunk;
-}
 
-void apply(const MemoryOptions& m, pipelines::PipelineOptions& o) { apply(m, o.component_base); }
+const std::vector<std::string>& layerwise_storage_dtypes() {
+  static const std::vector<std::string> dtypes = {"float8_e4m3fn", "float8_e5m2"};
+  return dtypes;
+}
 
 std::string describe(const MemoryOptions& m) {
   std::vector<std::string> on;
@@ -38,6 +35,13 @@ std::string describe(const MemoryOptions& m) {
                              m.vae_tile_overlap));
   }
   if (m.attention_chunk > 0) on.push_back(fmt::format("attention_chunk {} query tokens", m.attention_chunk));
+  if (!m.layerwise_storage.empty()) {
+    on.push_back(fmt::format("layerwise_casting (Linear/Conv/Embedding weights stored in {}, skip {} + {})",
+                             m.layerwise_storage,
+                             m.layerwise_skip ? fmt::format("[{}]", fmt::join(*m.layerwise_skip, ", "))
+                                              : std::string("diffusers' defaults"),
+                             "each model class's own"));
+  }
   if (on.empty()) return "memory: none";
   return fmt::format("memory: {}", fmt::join(on, ", "));
 }

@@ -232,7 +232,8 @@ std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& sou
     throw ConfigError(fmt::format("AutoencoderKL: part '{}' is not 'decoder' or 'encoder'", part), true);
   }
   const int64_t attention_chunk = nn::checked_attention_chunk(options.attention_chunk);
-  BuildOptions bo{m->compute_dtype_, options.device, options.mode, {}};
+  BuildOptions bo = build_options(options);
+  bo.dtype = m->compute_dtype_;
   // Only the requested half needs to be in the checkpoint.
   // (The batch-norm statistics go with both halves: the pipelines normalise
   // encoded latents and de-normalise before decoding.)
@@ -251,6 +252,7 @@ std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& sou
   }
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
+  m->bytes_stored_ = built.bytes_stored;
   m->w_ = std::move(w);
   m->slicing_ = options.vae_slicing;
   m->tiling_ = options.vae_tiling;

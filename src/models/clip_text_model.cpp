@@ -112,12 +112,13 @@ std::unique_ptr<ClipTextModel> ClipTextModel::load(checkpoint::WeightSource& sou
   m->config_ = ClipTextConfig::from_json(config, config_path);
   const int64_t attention_chunk = nn::checked_attention_chunk(options.attention_chunk);
   auto w = std::make_shared<ClipTextWeights>();
-  BuiltModel built = build_model(kClass, source, parallel::TpContext{}, {options.dtype, options.device, options.mode, {}},
+  BuiltModel built = build_model(kClass, source, parallel::TpContext{}, build_options(options),
                                  [&](ModelBuilder& b) { *w = declare_clip(m->config_, b); });
   w->attention_chunk = attention_chunk;
   nn::log_eager_attention(kClass, attention_chunk);
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
+  m->bytes_stored_ = built.bytes_stored;
   m->w_ = std::move(w);
   return m;
 }

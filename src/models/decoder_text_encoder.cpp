@@ -411,13 +411,15 @@ std::unique_ptr<DecoderTextEncoder> DecoderTextEncoder::load(checkpoint::WeightS
   m->final_norm_ = m->layers_run_ == c.layers;
   m->tp_ = tp;
   auto w = std::make_shared<DecoderWeights>();
-  const BuildOptions build{options.dtype, options.device, options.mode, layer_filter(c, m->layers_run_)};
+  BuildOptions build = build_options(options);
+  build.wanted = layer_filter(c, m->layers_run_);
   BuiltModel built = build_model(c.cls, source, tp, build, [&](ModelBuilder& b) { declare_decoder(c, b, *w); });
   w->layers.resize(static_cast<size_t>(m->layers_run_));
   std::tie(w->inv_freq, w->rope_scaling) =
       rope_inverse_frequencies(c.rope, c.head_dim, c.max_position_embeddings);
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
+  m->bytes_stored_ = built.bytes_stored;
   m->w_ = std::move(w);
   nn::log_sdpa_attention(c.cls, options.device, checkpoint::parse_compute_dtype(options.dtype, "dtype"),
                          c.heads / tp.size, c.head_dim, true, m->attention_chunk_);

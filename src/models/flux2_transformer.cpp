@@ -81,10 +81,11 @@ std::unique_ptr<Flux2Transformer> Flux2Transformer::load(checkpoint::WeightSourc
   m->shard_modulation_ = options.shard_modulation;
   m->attention_chunk_ = nn::checked_attention_chunk(options.attention_chunk);
   auto w = std::make_shared<Flux2Weights>();
-  BuiltModel built = build_model(kClass, source, tp, {options.dtype, options.device, options.mode, {}},
+  BuiltModel built = build_model(kClass, source, tp, build_options(options, class_skip_patterns()),
                                  [&](ModelBuilder& b) { *w = declare_flux2(m->config_, options.shard_modulation, b); });
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
+  m->bytes_stored_ = built.bytes_stored;
   m->w_ = std::move(w);
   nn::log_sdpa_attention(kClass, options.device, checkpoint::parse_compute_dtype(options.dtype, "dtype"),
                          m->config_.heads / tp.size, m->config_.head_dim, false, m->attention_chunk_);

@@ -75,6 +75,10 @@ struct Flux2Weights;  // flux2_blocks.h
 class Flux2Transformer final : public Model {
  public:
   static constexpr const char* kClass = "Flux2Transformer2DModel";
+  // Patterns of the modules the diffusers / transformers class keeps in the
+  // compute dtype when weights are stored narrower (its
+  // _skip_layerwise_casting_patterns / _keep_in_fp32_modules).
+  static std::vector<std::string> class_skip_patterns() { return {"pos_embed", "norm"}; }
 
   // The table the construction records (no checkpoint is read).
   static ModelTable table_for(const Flux2Config& config, const ModelOptions& options = {});

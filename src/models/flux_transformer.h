@@ -65,6 +65,10 @@ struct FluxWeights;  // flux_blocks.h
 class FluxTransformer final : public Model {
  public:
   static constexpr const char* kClass = "FluxTransformer2DModel";
+  // Patterns of the modules the diffusers / transformers class keeps in the
+  // compute dtype when weights are stored narrower (its
+  // _skip_layerwise_casting_patterns / _keep_in_fp32_modules).
+  static std::vector<std::string> class_skip_patterns() { return {"pos_embed", "norm"}; }
 
   // The table the construction records (no checkpoint is read).
   static ModelTable table_for(const FluxConfig& config, const ModelOptions& options = {});

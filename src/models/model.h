@@ -5,6 +5,7 @@
 // own files plus one TPRUN_REGISTER_MODEL line (models/model_registry.h).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,19 @@ struct ModelOptions {
   // [0, nn::kMaxAttentionChunk] (ConfigError) and logs, once, the attention
   // backend and this choice at info level.
   int64_t attention_chunk = 0;
+  // Weights kept in a narrower storage dtype and up-cast to the compute dtype
+  // at each use, the up-cast copy dropped after (diffusers'
+  // enable_layerwise_casting): "" = off, "float8_e4m3fn" | "float8_e5m2".
+  // Applies to the parameters (weight and bias) of Linear, Conv and Embedding
+  // layers whose module name matches none of the skip patterns (regexes,
+  // std::regex ECMAScript, searched as Python's re.search over the module's
+  // name and every enclosing module's name). nullopt: diffusers'
+  // DEFAULT_SKIP_MODULES_PATTERN; either way the family's own patterns (its
+  // diffusers class's _skip_layerwise_casting_patterns) are added, and a
+  // layer declared to keep a dtype (LinearDecl::in_dtype, diffusers'
+  // _keep_in_fp32_modules) is never narrowed.
+  std::string layerwise_storage;
+  std::optional<std::vector<std::string>> layerwise_skip;
 };
 
 class Model {
@@ -68,11 +82,15 @@ class Model {
   const ModelTable& table() const { return table_; }
   const parallel::TpContext& tp() const { return tp_; }
   uint64_t bytes_loaded() const { return bytes_loaded_; }
+  // Bytes the loaded weights keep resident on this rank (smaller than
+  // bytes_loaded() when weights are stored narrower, e.g. fp8).
+  uint64_t bytes_stored() const { return bytes_stored_; }
 
  protected:
   ModelTable table_;
   parallel::TpContext tp_;
   uint64_t bytes_loaded_ = 0;
+  uint64_t bytes_stored_ = 0;
 };
 
 }  // namespace tprun::models

@@ -1,10 +1,14 @@
 #include "models/model_builder.h"
 
+#include <regex>
+
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "checkpoint/safetensors_header.h"
+#include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
 #include "models/model_config.h"
 #include "runtime/error.h"
@@ -32,7 +36,94 @@ void check_shape(const std::string& cls, const std::string& name, const std::vec
   }
 }
 
+std::vector<std::regex> compile_patterns(const std::vector<std::string>& patterns) {
+  std::vector<std::regex> out;
+  out.reserve(patterns.size());
+  for (const auto& p : patterns) {
+    try {
+      out.emplace_back(p, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw ConfigError(fmt::format("memory.layerwise_casting.skip: '{}' is not a regular expression ({})", p,
+                                    e.what()),
+                        true);
+    }
+  }
+  return out;
+}
+
+// diffusers' walk: the root (""), then every enclosing module, then the module.
+bool skipped(const std::string& module, const std::vector<std::regex>& patterns) {
+  if (patterns.empty()) return false;
+  auto any = [&](const std::string& prefix) {
+    for (const auto& re : patterns)
+      if (std::regex_search(prefix, re)) return true;
+    return false;
+  };
+  if (any("")) return true;
+  for (size_t dot = module.find('.'); dot != std::string::npos; dot = module.find('.', dot + 1)) {
+    if (any(module.substr(0, dot))) return true;
+  }
+  return any(module);
+}
+
+std::string module_of(const std::string& tensor) {
+  const size_t dot = tensor.rfind('.');
+  return dot == std::string::npos ? std::string() : tensor.substr(0, dot);
+}
+
+bool castable_kind(TensorKind k) {
+  return k == TensorKind::Linear || k == TensorKind::Conv || k == TensorKind::Embedding;
+}
+
 }  // namespace
+
+const std::vector<std::string>& default_storage_skip_patterns() {
+  static const std::vector<std::string> patterns = {"pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$"};
+  return patterns;
+}
+
+BuildOptions build_options(const ModelOptions& options, const std::vector<std::string>& class_skip) {
+  BuildOptions b;
+  b.dtype = options.dtype;
+  b.device = options.device;
+  b.mode = options.mode;
+  b.storage = options.layerwise_storage;
+  if (!b.storage.empty()) {
+    b.storage_skip = options.layerwise_skip ? *options.layerwise_skip : default_storage_skip_patterns();
+    b.storage_skip.insert(b.storage_skip.end(), class_skip.begin(), class_skip.end());
+  }
+  return b;
+}
+
+bool narrow_storage_skipped(const std::string& module, const std::vector<std::string>& patterns) {
+  return skipped(module, compile_patterns(patterns));
+}
+
+struct ModelBuilder::Narrow {
+  c10::ScalarType storage;
+  c10::ScalarType compute;
+  std::vector<std::regex> skip;
+};
+
+void ModelBuilder::narrow_storage(const BuildOptions& options) {
+  if (options.storage.empty()) {
+    narrow_.reset();
+    return;
+  }
+  auto n = std::make_shared<Narrow>();
+  if (options.storage == "float8_e4m3fn") {
+    n->storage = c10::ScalarType::Float8_e4m3fn;
+  } else if (options.storage == "float8_e5m2") {
+    n->storage = c10::ScalarType::Float8_e5m2;
+  } else {
+    throw ConfigError(fmt::format("memory.layerwise_casting.storage: '{}' is not float8_e4m3fn or float8_e5m2",
+                                  options.storage),
+                      true);
+  }
+  n->compute = checkpoint::parse_compute_dtype(options.dtype, "dtype");
+  n->skip = compile_patterns(options.storage_skip);
+  narrow_ = std::move(n);
+}
 
 ModelBuilder::ModelBuilder(std::string cls) { record_.cls = std::move(cls); }
 
@@ -75,6 +166,25 @@ parallel::Weight ModelBuilder::load(const TensorSpec& spec) {
   const auto request = table_->request(spec.name, tp_.rank, tp_.size);
   at::Tensor t = spec.dtype.empty() ? loader_->load(spec.name, request)
                                     : loader_->load_as(spec.name, request, spec.dtype);
+  if (narrow_ && spec.dtype.empty() && t.scalar_type() == narrow_->compute) {
+    const std::string module = module_of(spec.name);
+    bool layer = castable_kind(spec.kind);
+    if (!layer && spec.kind == TensorKind::Bias) {  // the bias of a Linear / Conv (diffusers casts the module)
+      const TensorSpec* w = table_->find(module + ".weight");
+      layer = w && castable_kind(w->kind);
+    }
+    if (layer && !skipped(module, narrow_->skip)) {
+      // This slice alone, as it arrives: the full-precision copy is dropped here.
+      at::Tensor stored = t.to(narrow_->storage);
+      narrowed_from_ += static_cast<uint64_t>(t.nbytes());
+      t = at::Tensor();
+      bytes_stored_ += static_cast<uint64_t>(stored.nbytes());
+      narrowed_to_ += static_cast<uint64_t>(stored.nbytes());
+      ++narrowed_;
+      return parallel::Weight(spec.name, parallel::cast_storage(stored, narrow_->compute));
+    }
+  }
+  bytes_stored_ += static_cast<uint64_t>(t.nbytes());
   return parallel::Weight(spec.name, parallel::resident_storage(t));
 }
 
@@ -180,10 +290,18 @@ BuiltModel build_model(const std::string& cls, checkpoint::WeightSource& source,
   checkpoint::ShardLoader loader(source, lopts);
   const uint64_t before = loader.bytes_read();
   ModelBuilder b(built.table, loader, tp, options.wanted);
+  b.narrow_storage(options);
   declare(b);
   b.finish();
   source.close();
   built.bytes_read = loader.bytes_read() - before;
+  built.bytes_stored = b.bytes_stored();
+  if (!options.storage.empty()) {
+    spdlog::info("{}: {} tensors (Linear / Conv / Embedding weights and biases) stored in {}: {} -> {} bytes; "
+                 "resident weights {} bytes this rank",
+                 cls, b.narrowed(), options.storage, b.narrowed_from_bytes(),
+                 b.narrowed_to_bytes(), built.bytes_stored);
+  }
   return built;
 }
 

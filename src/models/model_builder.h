@@ -16,10 +16,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "checkpoint/shard_loader.h"
+#include "models/model.h"
 #include "models/model_table.h"
 #include "parallel/parallel_linear.h"
 #include "parallel/tp_context.h"
@@ -77,6 +79,8 @@ struct Affine {
 // layers a pipeline uses. Empty: all of them.
 using LoadFilter = std::function<bool(const std::string& name)>;
 
+struct BuildOptions;
+
 class ModelBuilder {
  public:
   // Recording: the table of `cls`.
@@ -86,6 +90,17 @@ class ModelBuilder {
                LoadFilter wanted = {});
 
   bool recording() const { return loader_ == nullptr; }
+  // Loading: keep the parameters of Linear, Conv and Embedding layers (weight
+  // and bias) in `options.storage`, up-cast per use, unless their module is
+  // skipped (narrow_storage_skipped) or declared to keep a dtype. Patterns
+  // compiled here (ConfigError for one that is not a regex).
+  void narrow_storage(const BuildOptions& options);
+  // Loading: resident bytes of the weights loaded so far; of them, the
+  // tensors kept narrow and the bytes they would take in the compute dtype.
+  uint64_t bytes_stored() const { return bytes_stored_; }
+  int64_t narrowed() const { return narrowed_; }
+  uint64_t narrowed_from_bytes() const { return narrowed_from_; }
+  uint64_t narrowed_to_bytes() const { return narrowed_to_; }
 
   // A Linear `name` (a module; ".weight" [out, in] and, with d.bias,
   // ".bias" [out] are declared).
@@ -121,6 +136,12 @@ class ModelBuilder {
   parallel::TpContext tp_;
   LoadFilter wanted_;
   size_t declared_ = 0;
+  struct Narrow;
+  std::shared_ptr<const Narrow> narrow_;
+  uint64_t bytes_stored_ = 0;
+  int64_t narrowed_ = 0;
+  uint64_t narrowed_from_ = 0;
+  uint64_t narrowed_to_ = 0;
 };
 
 struct BuildOptions {
@@ -128,7 +149,28 @@ struct BuildOptions {
   std::string device = "cpu";
   checkpoint::LoadMode mode = checkpoint::LoadMode::ShardOnLoad;
   LoadFilter wanted;  // see LoadFilter
+  // Narrow storage (ModelOptions::layerwise_storage): "" = off,
+  // "float8_e4m3fn" | "float8_e5m2". `storage_skip`: the patterns in force
+  // (ECMAScript regexes searched over module names, see narrow_storage_skipped).
+  std::string storage;
+  std::vector<std::string> storage_skip;
 };
+
+// diffusers' hooks/layerwise_casting.py DEFAULT_SKIP_MODULES_PATTERN.
+const std::vector<std::string>& default_storage_skip_patterns();
+
+// The BuildOptions of a load with `options`. `class_skip`: the patterns the
+// family's diffusers class adds (its _skip_layerwise_casting_patterns), data
+// the family keeps beside its class name; added to the user's patterns, or to
+// diffusers' defaults when the user gave none.
+BuildOptions build_options(const ModelOptions& options, const std::vector<std::string>& class_skip = {});
+
+// Whether a module is left in the compute dtype under `patterns`, as diffusers'
+// _apply_layerwise_casting walks the tree: a module is skipped when some
+// pattern re.search-matches its name or the name of a module enclosing it
+// ("", "transformer_blocks", "transformer_blocks.0", ...). ConfigError naming
+// memory.layerwise_casting.skip and the pattern for one that is not a regex.
+bool narrow_storage_skipped(const std::string& module, const std::vector<std::string>& patterns);
 
 // The table of a construction, recorded without touching a checkpoint.
 ModelTable record_table(const std::string& cls, const std::function<void(ModelBuilder&)>& declare);
@@ -136,6 +178,7 @@ ModelTable record_table(const std::string& cls, const std::function<void(ModelBu
 struct BuiltModel {
   ModelTable table;
   uint64_t bytes_read = 0;
+  uint64_t bytes_stored = 0;  // resident bytes of the loaded weights
 };
 
 // Records the table, validates it against `source` at tp.size (tp divisors,

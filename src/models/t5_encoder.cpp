@@ -172,12 +172,13 @@ std::unique_ptr<T5Encoder> T5Encoder::load(checkpoint::WeightSource& source, con
   m->tp_ = tp;
   const int64_t attention_chunk = nn::checked_attention_chunk(options.attention_chunk);
   auto w = std::make_shared<T5Weights>();
-  BuiltModel built = build_model(kClass, source, tp, {options.dtype, options.device, options.mode, {}},
+  BuiltModel built = build_model(kClass, source, tp, build_options(options, class_skip_patterns()),
                                  [&](ModelBuilder& b) { *w = declare_t5(m->config_, options.dtype, b); });
   w->attention_chunk = attention_chunk;
   nn::log_eager_attention(kClass, attention_chunk);
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
+  m->bytes_stored_ = built.bytes_stored;
   m->w_ = std::move(w);
   return m;
 }

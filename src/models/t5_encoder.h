@@ -69,6 +69,10 @@ struct T5Weights;  // t5_encoder.cpp
 class T5Encoder final : public Model {
  public:
   static constexpr const char* kClass = "T5EncoderModel";
+  // Patterns of the modules the diffusers / transformers class keeps in the
+  // compute dtype when weights are stored narrower (its
+  // _skip_layerwise_casting_patterns / _keep_in_fp32_modules).
+  static std::vector<std::string> class_skip_patterns() { return {"wo"}; }
 
   // The table (plan applied): shared.weight [vocab, d_model]
   // (encoder.embed_tokens.weight, the same tied tensor, optional), per block

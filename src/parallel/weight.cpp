@@ -18,7 +18,22 @@ class ResidentStorage final : public WeightStorage {
   at::Tensor tensor_;
 };
 
+class CastStorage final : public WeightStorage {
+ public:
+  CastStorage(at::Tensor stored, c10::ScalarType compute) : stored_(std::move(stored)), compute_(compute) {}
+  at::Tensor get() const override { return stored_.to(compute_); }
+  uint64_t stored_bytes() const override { return static_cast<uint64_t>(stored_.nbytes()); }
+
+ private:
+  at::Tensor stored_;
+  c10::ScalarType compute_;
+};
+
 }  // namespace
+
+std::shared_ptr<WeightStorage> cast_storage(const at::Tensor& stored, c10::ScalarType compute) {
+  return std::make_shared<CastStorage>(stored, compute);
+}
 
 std::shared_ptr<WeightStorage> resident_storage(const at::Tensor& tensor) {
   return std::make_shared<ResidentStorage>(tensor);

@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 
+#include <c10/core/ScalarType.h>
+
 namespace at {
 class Tensor;
 }
@@ -27,6 +29,10 @@ class WeightStorage {
 
 // Keeps the tensor as given (already in the compute dtype, on the device).
 std::shared_ptr<WeightStorage> resident_storage(const at::Tensor& tensor);
+// Keeps `stored` (a narrower dtype, e.g. fp8, on the compute device) and hands
+// compute a fresh `stored.to(compute)` at every get(): the up-cast copy lives
+// only as long as the caller holds it (diffusers' LayerwiseCastingHook).
+std::shared_ptr<WeightStorage> cast_storage(const at::Tensor& stored, c10::ScalarType compute);
 
 class Weight {
  public:

@@ -12,10 +12,21 @@ Cases (one ctest entry each; `memory_parity.py TPRUN MPIRUN CASE`):
   attention    --memory attention_chunk=N (N not dividing the token count): the FLUX.1 and FLUX.2
                transformers' forward and a whole `tprun generate` within 1e-5 of the plain run, at
                tp 1 and 2.
+  layerwise_casting
+               --memory 'layerwise_casting={storage="float8_e4m3fn"}' (and float8_e5m2) on init-model
+               FLUX.1 and FLUX.2 transformers and the FLUX.1 VAE decoder vs diffusers'
+               enable_layerwise_casting(storage_dtype, compute_dtype=torch.float32) on the same
+               weights and inputs: within 1e-5; the same layers cast (tprun's stored weight bytes
+               equal the bytes of diffusers' parameters after enabling, fp8 ones at 1 byte); the
+               difference against no casting reported and bounded (CAST_TOL, relative to the
+               output's largest magnitude); user skip patterns replace diffusers' defaults (the
+               class's own patterns stay); `tprun verify --tp 2` with fp8 storage passes.
   errors       one clear error on every rank, exit 3, nothing written: an unknown key, a key of a
                feature not built yet, a wrong type, an out-of-range value, a malformed setting,
+               a layerwise_casting skip pattern that is not a regex or an unknown storage dtype,
                and the same keys in a manifest's [memory] table (file:line named).
 """
+import re
 import json
 import os
 import shutil
@@ -34,6 +45,9 @@ from tprun_harness import Harness  # noqa: E402
 
 TOL = 1e-4
 EXACT_TOL = 1e-5
+# fp8 storage against full precision, as a fraction of the output's largest magnitude (init-model
+# weights; measured: see case_layerwise_casting's printout).
+CAST_TOL = {"float8_e4m3fn": 0.15, "float8_e5m2": 0.3}
 H = None  # tprun_harness.Harness, set in main()
 
 
@@ -174,6 +188,167 @@ def case_attention(work):
                     H.check(diff <= EXACT_TOL, f"{arch} tp {tp} attention_chunk=7 vs plain {name}: {diff:.3g}")
 
 
+def transformer_inputs(folder, arch):
+    cfg = json.load(open(os.path.join(folder, "transformer", "config.json")))
+    g = torch.Generator().manual_seed(11)
+    h, w, txt = 4, 6, 8
+    inputs = {
+        "hidden_states": torch.randn(1, h * w, cfg["in_channels"], generator=g),
+        "encoder_hidden_states": torch.randn(1, txt, cfg["joint_attention_dim"], generator=g),
+        "timestep": torch.tensor([0.7]),
+    }
+    if arch == "flux":
+        img_ids = torch.zeros(h, w, 3)
+        img_ids[..., 1] = torch.arange(h)[:, None]
+        img_ids[..., 2] = torch.arange(w)[None, :]
+        inputs["img_ids"], inputs["txt_ids"] = img_ids.reshape(h * w, 3), torch.zeros(txt, 3)
+        inputs["pooled_projections"] = torch.randn(1, cfg["pooled_projection_dim"], generator=g)
+    else:  # Flux2Pipeline's ids: (0, row, col, 0) and (0, 0, 0, l)
+        one = torch.arange(1)
+        inputs["img_ids"] = torch.cartesian_prod(one, torch.arange(h), torch.arange(w), one).float()
+        inputs["txt_ids"] = torch.cartesian_prod(one, one, one, torch.arange(txt)).float()
+    if cfg.get("guidance_embeds", arch != "flux"):
+        inputs["guidance"] = torch.tensor([3.5])
+    return {k: v.contiguous() for k, v in inputs.items()}
+
+
+def diffusers_model(folder, arch, comp):
+    from diffusers import FluxTransformer2DModel, Flux2Transformer2DModel
+    if comp == "vae_decoder":
+        return vae_class(folder).from_pretrained(os.path.join(folder, "vae")).eval()
+    cls = FluxTransformer2DModel if arch == "flux" else Flux2Transformer2DModel
+    return cls.from_pretrained(os.path.join(folder, "transformer")).eval()
+
+
+def diffusers_run(model, comp, inputs):
+    with torch.no_grad():
+        if comp == "vae_decoder":
+            return model.decode(inputs["latents"]).sample
+        return model(**inputs, return_dict=False)[0]
+
+
+def cast_modules(model):
+    """The modules diffusers' enable_layerwise_casting hooked."""
+    return sorted(n for n, m in model.named_modules()
+                  if getattr(m, "_diffusers_hook", None) is not None and m._diffusers_hook.get_hook("layerwise_casting"))
+
+
+def param_bytes(model, prefix=""):
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n.startswith(prefix))
+
+
+def stored_bytes(log):
+    m = re.search(r"stored (\d+) bytes", log)
+    return int(m.group(1)) if m else None
+
+
+def forward_log(work, folder, comp, inputs, tag, memory=(), np_=1):
+    inp, out = os.path.join(work, f"{tag}_in.safetensors"), os.path.join(work, f"{tag}_out.safetensors")
+    save_file({k: v.contiguous() for k, v in inputs.items()}, inp)
+    args = ["forward", "--model", folder, "--component", comp, "--inputs", inp, "--out", out, "--tp", str(np_)]
+    for m in memory:
+        args += ["--memory", m]
+    rc, log = H.run(args, np_=np_)
+    if not H.check(rc == 0, f"{tag}: forward ran" + ("" if rc == 0 else f": {log[-1500:]}")):
+        return None, log
+    return load_file(out), log
+
+
+def case_layerwise_casting(work):
+    cases = [("flux", "transformer"), ("flux2-klein", "transformer"), ("flux", "vae_decoder")]
+    folders = {}
+    for arch, comp in cases:
+        if arch not in folders:
+            folders[arch] = H.init_model(work, arch)
+        folder = folders[arch]
+        if comp == "vae_decoder":
+            vae = diffusers_model(folder, arch, comp)
+            g = torch.Generator().manual_seed(5)
+            inputs = {"latents": torch.randn(1, vae.config.latent_channels, 6, 6, generator=g)}
+            out_name, bytes_prefix = "sample", ("decoder.", "post_quant_conv.")  # the half tprun loads
+        else:
+            inputs = transformer_inputs(folder, arch)
+            out_name, bytes_prefix = "sample", ""
+        tag = f"{arch}_{comp}"
+        plain_model = diffusers_model(folder, arch, comp)
+        plain = diffusers_run(plain_model, comp, inputs)
+        scale = plain.abs().max().item()
+        got_plain, log_plain = forward_log(work, folder, comp, inputs, f"{tag}_plain")
+        if got_plain is not None:
+            diff = (got_plain[out_name] - plain).abs().max().item()
+            H.check(diff <= EXACT_TOL, f"{tag} plain vs diffusers: {diff:.3g}")
+        plain_stored = stored_bytes(log_plain)
+        for storage in ("float8_e4m3fn", "float8_e5m2"):
+            model = diffusers_model(folder, arch, comp)
+            model.enable_layerwise_casting(storage_dtype=getattr(torch, storage), compute_dtype=torch.float32)
+            want = diffusers_run(model, comp, inputs)
+            spread = (want - plain).abs().max().item()
+            print(f"     {tag} {storage}: {len(cast_modules(model))} modules cast by diffusers; "
+                  f"diffusers cast vs no cast: max abs {spread:.3g}, output max {scale:.3g}, "
+                  f"relative {spread / scale:.3g}", flush=True)
+            got, log = forward_log(work, folder, comp, inputs, f"{tag}_{storage}",
+                                   (f'layerwise_casting={{storage="{storage}"}}',))
+            if got is None:
+                continue
+            diff = (got[out_name] - want).abs().max().item()
+            H.check(diff <= EXACT_TOL, f"{tag} {storage} vs diffusers enable_layerwise_casting: {diff:.3g}")
+            off = (got[out_name] - plain).abs().max().item()
+            H.check(0 < off <= CAST_TOL[storage] * scale,
+                    f"{tag} {storage} vs no casting: max abs {off:.3g} = {off / scale:.3g} of the output's max "
+                    f"(bound {CAST_TOL[storage]})")
+            H.check(f"layerwise_casting (Linear/Conv/Embedding weights stored in {storage}" in log,
+                    f"{tag} {storage}: the log names the feature")
+            cast_params = sum(len(list(dict(model.named_modules())[n].parameters())) for n in cast_modules(model)
+                              if n.startswith(bytes_prefix))
+            m = re.search(r"(\d+) tensors \(Linear / Conv / Embedding weights and biases\) stored in " + storage, log)
+            H.check(m is not None and int(m.group(1)) == cast_params,
+                    f"{tag} {storage}: the load logs {m.group(1) if m else '?'} tensors cast, diffusers casts "
+                    f"{cast_params} parameters")
+            stored = stored_bytes(log)
+            if bytes_prefix is not None:
+                H.check(stored == param_bytes(model, bytes_prefix),
+                        f"{tag} {storage}: tprun keeps {stored} weight bytes, diffusers' cast model "
+                        f"{param_bytes(model, bytes_prefix)} (same layers cast)")
+            if stored is not None and plain_stored:
+                H.check(stored < plain_stored * 0.5,
+                        f"{tag} {storage}: stored weight bytes {plain_stored} -> {stored} "
+                        f"({plain_stored / stored:.2f}x smaller)")
+    # User patterns replace diffusers' defaults; the class's own ("pos_embed", "norm") stay.
+    folder = folders["flux"]
+    inputs = transformer_inputs(folder, "flux")
+    model = diffusers_model(folder, "flux", "transformer")
+    skip = ["^x_embedder$", "ff_context"]
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32,
+                                   skip_modules_pattern=tuple(skip))
+    want = diffusers_run(model, "transformer", inputs)
+    mods = cast_modules(model)
+    H.check("proj_out" in mods and "x_embedder" not in mods and not any("norm" in m for m in mods),
+            "diffusers with user patterns: proj_out cast, x_embedder and norms kept")
+    memory = 'layerwise_casting={storage="float8_e4m3fn", skip=["^x_embedder$", "ff_context"]}'
+    got, log = forward_log(work, folder, "transformer", inputs, "flux_userskip", (memory,))
+    if got is not None:
+        diff = (got["sample"] - want).abs().max().item()
+        H.check(diff <= EXACT_TOL, f"flux user skip patterns vs diffusers: {diff:.3g}")
+        H.check(stored_bytes(log) == param_bytes(model), f"flux user skip: stored bytes {stored_bytes(log)} "
+                f"== diffusers' {param_bytes(model)}")
+    # TP: each rank casts its own slices; verify compares tp 2 against tp 1, both cast.
+    for arch in ("flux", "flux2-klein"):
+        rc, log = H.run(["verify", "--model", folders[arch], "--component", "transformer", "--tp", "2",
+                         "--memory", 'layerwise_casting={storage="float8_e4m3fn"}'], np_=2)
+        H.check(rc == 0 and "OK: max abs diff" in log,
+                f"{arch} verify tp 2 with fp8 storage" + ("" if rc == 0 else f": {log[-1500:]}"))
+    # tp 2 forward equals diffusers' cast model too.
+    inputs = transformer_inputs(folder, "flux")
+    model = diffusers_model(folder, "flux", "transformer")
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    want = diffusers_run(model, "transformer", inputs)
+    got, log = forward_log(work, folder, "transformer", inputs, "flux_tp2",
+                           ('layerwise_casting={storage="float8_e4m3fn"}',), np_=2)
+    if got is not None:
+        diff = (got["sample"] - want).abs().max().item()
+        H.check(diff <= EXACT_TOL, f"flux tp 2 fp8 vs diffusers enable_layerwise_casting: {diff:.3g}")
+
+
 def expect_error(label, args, want, np_=2):
     rc, log = H.run(args, np_=np_, timeout=120)
     lines = [l for l in log.splitlines() if want in l]
@@ -192,15 +367,33 @@ def case_errors(work):
     expect_error("malformed", base + ["--memory", "vae_tiling"], "expected KEY=VALUE")
     expect_error("tile size", base + ["--memory", "vae_tile_sample_size=4"],
                  "--memory vae_tile_sample_size: 4 is outside")
+    expect_error("not a regex", base + ["--memory", 'layerwise_casting={storage="float8_e4m3fn", skip=["(unclosed"]}'],
+                 "--memory layerwise_casting.skip: '(unclosed' is not a regular expression")
+    expect_error("storage dtype", base + ["--memory", 'layerwise_casting={storage="float8_e3m4"}'],
+                 "--memory layerwise_casting.storage: 'float8_e3m4' is not one of float8_e4m3fn, float8_e5m2")
+    expect_error("storage missing", base + ["--memory", 'layerwise_casting={skip=["norm"]}'],
+                 "--memory layerwise_casting.storage: required key is missing")
+    expect_error("casting unknown key", base + ["--memory", 'layerwise_casting={storage="float8_e5m2", dtype=1}'],
+                 "--memory layerwise_casting.dtype: unknown key")
+    expect_error("casting not a table", base + ["--memory", "layerwise_casting=true"],
+                 "--memory layerwise_casting: must be a table")
     H.check(not os.path.exists(os.path.join(work, "never.png")), "no image written by any refused run")
     # The manifest's [memory] table: file:line and key.
     with open(os.path.join(work, "prompts.jsonl"), "w") as f:
         f.write('{"id": "a", "prompt": "x"}\n')
     manifest = os.path.join(work, "job.toml")
-    with open(manifest, "w") as f:
-        f.write(f'model = "{folder}"\nrequests = "prompts.jsonl"\n[memory]\nvae_tiling = true\n'
-                'layerwise_casting = { storage = "float8_e4m3fn" }\n[output]\ndir = "out"\n')
-    expect_error("manifest not built", ["run", manifest], "job.toml:5: memory.layerwise_casting: not built yet")
+    def write_manifest(line):
+        with open(manifest, "w") as f:
+            f.write(f'model = "{folder}"\nrequests = "prompts.jsonl"\n[memory]\nvae_tiling = true\n'
+                    f'{line}\n[output]\ndir = "out"\n')
+    write_manifest('offload = { type = "block_level" }')
+    expect_error("manifest not built", ["run", manifest], "job.toml:5: memory.offload: not built yet")
+    write_manifest('layerwise_casting = { storage = "float8_e4m3fn", skip = ["norm", "(unclosed"] }')
+    expect_error("manifest not a regex", ["run", manifest],
+                 "job.toml:5: memory.layerwise_casting.skip: '(unclosed' is not a regular expression")
+    write_manifest('layerwise_casting = { storage = "fp8" }')
+    expect_error("manifest storage dtype", ["run", manifest],
+                 "job.toml:5: memory.layerwise_casting.storage: 'fp8' is not one of float8_e4m3fn, float8_e5m2")
     H.check(not os.path.exists(os.path.join(work, "out", "results.jsonl")), "no results written by the refused job")
 
 
@@ -212,7 +405,7 @@ def main():
     work = tempfile.mkdtemp(prefix=f"tprun-memory-{case}-")
     try:
         {"vae_tiling": case_vae_tiling, "vae_slicing": case_vae_slicing, "attention": case_attention,
-         "errors": case_errors}[case](work)
+         "layerwise_casting": case_layerwise_casting, "errors": case_errors}[case](work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{'FAILED' if H.failures else 'OK'}: {H.failures} failure(s)")

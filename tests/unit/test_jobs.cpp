@@ -82,6 +82,13 @@ TEST_F(JobFiles, ManifestParsesAndResolvesPaths) {
   EXPECT_THROW(parse_manifest(path, {parse_override("parallel.shard_modulation=3")}), ConfigError);
   EXPECT_TRUE(m.png);
   EXPECT_NO_THROW(check_paths(m));
+  EXPECT_TRUE(m.memory.layerwise_storage.empty());
+  const Manifest c = parse_manifest(path, {parse_override("memory.layerwise_casting={storage=\"float8_e5m2\", skip=[\"^a$\", \"b\"]}")});
+  EXPECT_EQ(c.memory.layerwise_storage, "float8_e5m2");
+  ASSERT_TRUE(c.memory.layerwise_skip.has_value());
+  EXPECT_EQ(*c.memory.layerwise_skip, (std::vector<std::string>{"^a$", "b"}));
+  EXPECT_FALSE(parse_manifest(path, {parse_override("memory.layerwise_casting={storage=\"float8_e4m3fn\"}")})
+                   .memory.layerwise_skip.has_value());
 }
 
 TEST_F(JobFiles, OverridesApplyBeforeValidation) {
@@ -112,6 +119,14 @@ TEST_F(JobFiles, ManifestErrorsNameFileLineAndKey) {
       {"model = \"m\"\nrequests = \"r\"\n[output]\nformats = [\"gif\"]\n", "output.formats: 'gif' is not one of"},
       {"model = \"m\"\nrequests = \"r\"\ndtype = \"fp8\"\n", "job.toml:3: dtype: 'fp8' is not one of"},
       {"model = \"m\"\nrequests = \"r\"\n[memory]\noffload = true\n", "job.toml:4: memory.offload: not built yet"},
+      {"model = \"m\"\nrequests = \"r\"\n[memory]\nlayerwise_casting = { storage = \"float8_e4m3fn\", skip = [\"(x\"] }\n",
+       "job.toml:4: memory.layerwise_casting.skip: '(x' is not a regular expression"},
+      {"model = \"m\"\nrequests = \"r\"\n[memory.layerwise_casting]\nstorage = \"bf16\"\n",
+       "job.toml:4: memory.layerwise_casting.storage: 'bf16' is not one of float8_e4m3fn, float8_e5m2"},
+      {"model = \"m\"\nrequests = \"r\"\n[memory.layerwise_casting]\nskip = []\n",
+       "memory.layerwise_casting.storage: required key is missing"},
+      {"model = \"m\"\nrequests = \"r\"\n[memory]\nlayerwise_casting = \"fp8\"\n",
+       "job.toml:4: memory.layerwise_casting: must be a table"},
       {"requests = \"r\"\n", "model: required key is missing"},
       {"model = \"m\"\nrequests = \"r\"\n[defaults\n", "job.toml:3:"},
       {"model = \"m\"\nrequests = \"r\"\nparallel = 3\n", "job.toml:3: parallel: must be a table"},

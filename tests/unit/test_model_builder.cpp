@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/equal.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -160,6 +161,68 @@ TEST_F(BuilderLoad, LoadsWhatWasRecordedAndChecksTheRest) {
   });
   EXPECT_TRUE(fc.defined());
   EXPECT_FALSE(norm.defined());
+}
+
+TEST_F(BuilderLoad, NarrowStorageCastsLayersAndUpCastsPerUse) {
+  parallel::ParallelLinear fc;
+  parallel::Weight norm;
+  auto declare = [&](ModelBuilder& b) {
+    fc = b.linear("fc", 8, 4, LinearDecl::replicated().with_bias());
+    norm = b.tensor("norm.weight", {4}, TensorKind::Norm);
+  };
+  checkpoint::SafetensorsSource source(ck_);
+  const BuiltModel plain = build_model("Toy", source, {}, {}, declare);
+  const at::Tensor w32 = fc.weight().get(), b32 = fc.bias().get();
+  EXPECT_EQ(plain.bytes_stored, (8 * 4 + 8 + 4) * 4u);
+
+  ModelOptions o;
+  o.layerwise_storage = "float8_e4m3fn";
+  const BuildOptions bo = build_options(o, {"^never$"});
+  EXPECT_EQ(bo.storage_skip.size(), default_storage_skip_patterns().size() + 1);
+  const BuiltModel cast = build_model("Toy", source, {}, bo, declare);
+  // Linear weight and its bias in fp8 (1 byte), the norm kept (diffusers skips "norm").
+  EXPECT_EQ(cast.bytes_stored, (8 * 4 + 8) * 1u + 4 * 4u);
+  EXPECT_EQ(cast.bytes_read, plain.bytes_read);
+  EXPECT_EQ(fc.weight().stored_bytes(), 8 * 4u);
+  EXPECT_EQ(norm.stored_bytes(), 4 * 4u);
+  const at::Tensor a = fc.weight().get(), b = fc.weight().get();
+  EXPECT_EQ(a.scalar_type(), c10::ScalarType::Float);
+  EXPECT_NE(a.data_ptr(), b.data_ptr());  // a fresh up-cast per use
+  EXPECT_TRUE(a.equal(w32.to(c10::ScalarType::Float8_e4m3fn).to(c10::ScalarType::Float)));
+  EXPECT_TRUE(fc.bias().get().equal(b32.to(c10::ScalarType::Float8_e4m3fn).to(c10::ScalarType::Float)));
+
+  // A user pattern replaces the defaults; a module matched is kept whole (weight and bias).
+  o.layerwise_storage = "float8_e5m2";
+  o.layerwise_skip = std::vector<std::string>{"^fc$"};
+  EXPECT_EQ(build_model("Toy", source, {}, build_options(o), declare).bytes_stored, plain.bytes_stored);
+  o.layerwise_skip = std::vector<std::string>{};
+  EXPECT_EQ(build_model("Toy", source, {}, build_options(o), declare).bytes_stored, (8 * 4 + 8) * 1u + 4 * 4u);
+  // Bad settings are named (the parser refuses them first; this is the builder's own check).
+  o.layerwise_skip = std::vector<std::string>{"(unclosed"};
+  EXPECT_NE(error_of([&] { build_model("Toy", source, {}, build_options(o), declare); })
+                .find("memory.layerwise_casting.skip: '(unclosed' is not a regular expression"),
+            std::string::npos);
+  o.layerwise_skip.reset();
+  o.layerwise_storage = "int4";
+  EXPECT_NE(error_of([&] { build_model("Toy", source, {}, build_options(o), declare); })
+                .find("memory.layerwise_casting.storage: 'int4'"),
+            std::string::npos);
+}
+
+TEST(NarrowStorage, SkipsAsDiffusersWalksTheModuleTree) {
+  const auto& d = default_storage_skip_patterns();
+  EXPECT_TRUE(narrow_storage_skipped("proj_out", d));
+  EXPECT_FALSE(narrow_storage_skipped("single_transformer_blocks.0.proj_out", d));  // ^proj_out$
+  EXPECT_TRUE(narrow_storage_skipped("norm_out.linear", d));                         // "norm" anywhere
+  EXPECT_TRUE(narrow_storage_skipped("transformer_blocks.0.norm1.linear", d));
+  EXPECT_FALSE(narrow_storage_skipped("transformer_blocks.0.attn.to_q", d));
+  EXPECT_TRUE(narrow_storage_skipped("x_embedder.pos_embed.proj", d));
+  // An enclosing module's name matches: the whole subtree is skipped (re.search on each prefix).
+  EXPECT_TRUE(narrow_storage_skipped("transformer_blocks.0.attn.to_q", {"^transformer_blocks$"}));
+  EXPECT_TRUE(narrow_storage_skipped("transformer_blocks.0.attn.to_q", {"blocks\\.0$"}));
+  EXPECT_FALSE(narrow_storage_skipped("transformer_blocks.10.attn.to_q", {"blocks\\.1$"}));
+  EXPECT_TRUE(narrow_storage_skipped("anything", {"^$"}));  // matches the root: nothing is cast
+  EXPECT_FALSE(narrow_storage_skipped("anything", {}));
 }
 
 TEST(ModelTable, PackedBlockThatDoesNotDivideIsNamed) {
