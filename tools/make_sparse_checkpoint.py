@@ -1,19 +1,34 @@
 #!/usr/bin/env python3
-"""Write a FLUX.1 or FLUX.2 transformer checkpoint as sparse files: real
-diffusers tensor names, shapes and shard layout, no real bytes (holes read as
-zeros), so a 24 GB (FLUX.1-dev) or 64 GB (FLUX.2-dev) checkpoint costs no
-disk. Names, shapes and state_dict order come from diffusers' own class
-(FluxTransformer2DModel or Flux2Transformer2DModel) built on the meta device;
+"""Write a FLUX.1 or FLUX.2 transformer checkpoint, or FLUX.2-dev's text
+encoder, as sparse files: real tensor names, shapes and shard layout, no real
+bytes (holes read as zeros), so a 24 GB (FLUX.1-dev), 64 GB (FLUX.2-dev) or
+48 GB (Mistral-Small-24B) checkpoint costs no disk. Names, shapes and
+state_dict order come from the library's own class built on the meta device;
 shards are filled greedily in state_dict order up to --max-shard-size, as
-save_pretrained does, and the index is diffusers'.
+save_pretrained does, and the index is the library's.
 
-  make_sparse_checkpoint.py OUT [--arch flux1-dev|flux2-dev|flux2-klein-4b|flux2-klein-9b]
-                            [--layers N] [--single-layers N] [--max-shard-size 10GB] [--dtype bf16]
+  make_sparse_checkpoint.py OUT [--arch flux1-dev|flux2-dev|flux2-klein-4b|flux2-klein-9b|mistral-small-24b]
+                            [--layers N] [--single-layers N] [--max-shard-size SIZE] [--dtype bf16]
 
 --layers / --single-layers override the architecture's block counts (a
-shortened model of the same width). The FLUX.2 configurations are those of
-diffusers' scripts/convert_flux2_to_diffusers.py (flux2-dev = the class's
-defaults; klein-4b / klein-9b without the guidance embedder).
+shortened model of the same width; mistral-small-24b: --layers is the text
+model's num_hidden_layers). The FLUX.2 configurations are those of diffusers'
+scripts/convert_flux2_to_diffusers.py (flux2-dev = the class's defaults;
+klein-4b / klein-9b without the guidance embedder).
+
+mistral-small-24b is FLUX.2-dev's text_encoder/ (Mistral-Small-3.1-24B-Instruct-2503):
+transformers' Mistral3ForConditionalGeneration (Mistral text model 5120 wide,
+40 layers, 32 heads / 8 KV heads x 128, MLP 32768, vocab 131072, rope theta
+1e9, untied lm_head; Pixtral vision tower 1024 wide, 24 layers, image 1540,
+patch 14; the multi-modal projector), 24.0 B parameters. The tensor names are
+the ones save_pretrained writes (transformers 5.17 reverts its in-memory key
+mapping when saving: language_model.model.*, language_model.lm_head,
+vision_tower.*, multi_modal_projector.*), taken from transformers' own
+revert_weight_conversion on the meta model, in the order save_pretrained
+shards them; files model-0000i-of-0000n.safetensors and
+model.safetensors.index.json. Default shard size 5GB, as the published
+checkpoint is sharded (10 files); transformers 5.17's own default (50GB)
+would write one file.
 """
 import argparse
 import json
@@ -21,27 +36,46 @@ import os
 import struct
 
 import torch
-from diffusers import Flux2Transformer2DModel, FluxTransformer2DModel
 
-# (class, constructor arguments). Block counts come from --layers / --single-layers when given.
+# diffusers transformers: (class name, constructor arguments). Block counts
+# come from --layers / --single-layers when given.
 ARCHS = {
-    "flux1-dev": (FluxTransformer2DModel, dict(
+    "flux1-dev": ("FluxTransformer2DModel", dict(
         in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
         joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))),
     # Flux2Transformer2DModel's defaults, spelled out.
-    "flux2-dev": (Flux2Transformer2DModel, dict(
+    "flux2-dev": ("Flux2Transformer2DModel", dict(
         patch_size=1, in_channels=128, num_layers=8, num_single_layers=48, attention_head_dim=128,
         num_attention_heads=48, joint_attention_dim=15360, timestep_guidance_channels=256, mlp_ratio=3.0,
         axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=True)),
-    "flux2-klein-4b": (Flux2Transformer2DModel, dict(
+    "flux2-klein-4b": ("Flux2Transformer2DModel", dict(
         patch_size=1, in_channels=128, num_layers=5, num_single_layers=20, attention_head_dim=128,
         num_attention_heads=24, joint_attention_dim=7680, timestep_guidance_channels=256, mlp_ratio=3.0,
         axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=False)),
-    "flux2-klein-9b": (Flux2Transformer2DModel, dict(
+    "flux2-klein-9b": ("Flux2Transformer2DModel", dict(
         patch_size=1, in_channels=128, num_layers=8, num_single_layers=24, attention_head_dim=128,
         num_attention_heads=32, joint_attention_dim=12288, timestep_guidance_channels=256, mlp_ratio=3.0,
         axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=False)),
 }
+# transformers models: builder of (class name, config) from --layers.
+TRANSFORMERS_ARCHS = {"mistral-small-24b": lambda layers: mistral_small_24b(layers)}
+
+
+def mistral_small_24b(layers):
+    """Mistral-Small-3.1-24B-Instruct-2503 as FLUX.2-dev's text_encoder/config.json has it."""
+    from transformers import Mistral3Config, MistralConfig, PixtralVisionConfig
+    text = MistralConfig(hidden_size=5120, num_hidden_layers=layers or 40, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=128, intermediate_size=32768, vocab_size=131072,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5, hidden_act="silu",
+                         rope_parameters={"rope_theta": 1000000000.0, "rope_type": "default"},
+                         sliding_window=None, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    vision = PixtralVisionConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, head_dim=64,
+                                 intermediate_size=4096, image_size=1540, patch_size=14, num_channels=3,
+                                 hidden_act="silu")
+    cfg = Mistral3Config(text_config=text, vision_config=vision, image_token_index=10, spatial_merge_size=2,
+                         multimodal_projector_bias=False, projector_hidden_act="gelu", vision_feature_layer=-1,
+                         tie_word_embeddings=False)
+    return "Mistral3ForConditionalGeneration", cfg
 
 DTYPES = {"bf16": (torch.bfloat16, "BF16", 2), "fp16": (torch.float16, "F16", 2), "fp32": (torch.float32, "F32", 4)}
 
@@ -72,50 +106,84 @@ def write_sparse_safetensors(path, tensors, st_dtype, elem):
     return offset
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--arch", default="flux1-dev", choices=list(ARCHS))
-    ap.add_argument("--layers", type=int, default=None, help="double-stream blocks (default: the architecture's)")
-    ap.add_argument("--single-layers", type=int, default=None, help="single-stream blocks (default: the architecture's)")
-    ap.add_argument("--max-shard-size", default="10GB")
-    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    args = ap.parse_args()
-    torch_dtype, st_dtype, elem = DTYPES[args.dtype]
-    cls, cfg = ARCHS[args.arch]
+def meta_state(args):
+    """(class name, [(saved name, shape)] in save order, save_config(out), weights file stem, total parameters)."""
+    if args.arch in TRANSFORMERS_ARCHS:
+        import transformers
+        from transformers.modeling_utils import remove_tied_weights_from_state_dict, revert_weight_conversion
+        if args.single_layers is not None:
+            raise SystemExit(f"--single-layers does not apply to {args.arch}")
+        cls_name, cfg = TRANSFORMERS_ARCHS[args.arch](args.layers)
+        cfg.architectures = [cls_name]
+        cfg.dtype = DTYPES[args.dtype][0]
+        with torch.device("meta"):
+            model = getattr(transformers, cls_name)(cfg)
+        # What save_pretrained writes: tied copies removed, the in-memory key mapping reverted.
+        state = remove_tied_weights_from_state_dict(model.state_dict(), model)
+        state = revert_weight_conversion(model, state)
+        layers = cfg.text_config.num_hidden_layers
+        return (cls_name, [(k, tuple(v.shape)) for k, v in state.items()], cfg.save_pretrained, "model",
+                model.num_parameters(), f"{layers} text layers + vision tower")
+    import diffusers
+    cls_name, cfg = ARCHS[args.arch]
     cfg = dict(cfg)
     if args.layers is not None:
         cfg["num_layers"] = args.layers
     if args.single_layers is not None:
         cfg["num_single_layers"] = args.single_layers
     with torch.device("meta"):
-        model = cls(**cfg)
+        model = getattr(diffusers, cls_name)(**cfg)
     state = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
-    limit = parse_size(args.max_shard_size)
-    shards, size = [[]], 0
+    return (cls_name, state, model.save_config, "diffusion_pytorch_model", None,
+            f"{cfg['num_layers']} + {cfg['num_single_layers']} blocks")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--arch", default="flux1-dev", choices=list(ARCHS) + list(TRANSFORMERS_ARCHS))
+    ap.add_argument("--layers", type=int, default=None,
+                    help="double-stream blocks (mistral-small-24b: text layers); default: the architecture's")
+    ap.add_argument("--single-layers", type=int, default=None, help="single-stream blocks (default: the architecture's)")
+    ap.add_argument("--max-shard-size", default=None, help="default 10GB (diffusers), 5GB (mistral-small-24b)")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    args = ap.parse_args()
+    _, st_dtype, elem = DTYPES[args.dtype]
+    cls_name, state, save_config, stem, parameters, what = meta_state(args)
+    limit = parse_size(args.max_shard_size or ("5GB" if args.arch in TRANSFORMERS_ARCHS else "10GB"))
+    # huggingface_hub's split_torch_state_dict_into_shards (diffusers and transformers both use it):
+    # greedy in state_dict order; a tensor larger than the limit gets a shard of its own.
+    shards, current, size = [], [], 0
     for name, shape in state:
         n = elem
         for d in shape:
             n *= d
-        if shards[-1] and size + n > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append((name, shape))
+        if n > limit:
+            shards.append([(name, shape)])
+            continue
+        if current and size + n > limit:
+            shards.append(current)
+            current, size = [], 0
+        current.append((name, shape))
         size += n
+    if current:
+        shards.append(current)
     os.makedirs(args.out, exist_ok=True)
-    model.save_config(args.out)
+    save_config(args.out)
     weight_map, total = {}, 0
     for i, shard in enumerate(shards):
-        fname = (f"diffusion_pytorch_model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-                 if len(shards) > 1 else "diffusion_pytorch_model.safetensors")
+        fname = (f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else f"{stem}.safetensors")
         total += write_sparse_safetensors(os.path.join(args.out, fname), shard, st_dtype, elem)
         for name, _ in shard:
             weight_map[name] = fname
     if len(shards) > 1:
-        with open(os.path.join(args.out, "diffusion_pytorch_model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+        metadata = {"total_size": total}
+        if parameters is not None:
+            metadata["total_parameters"] = parameters
+        with open(os.path.join(args.out, f"{stem}.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": metadata, "weight_map": weight_map}, f, indent=2, sort_keys=True)
             f.write("\n")
-    print(f"{args.out}: {cls.__name__} ({args.arch}, {cfg['num_layers']} + {cfg['num_single_layers']} blocks), {len(state)} tensors, {total / 1e9:.2f} GB in {len(shards)} sparse shard(s)")
+    print(f"{args.out}: {cls_name} ({args.arch}, {what}), {len(state)} tensors, {total / 1e9:.2f} GB in {len(shards)} sparse shard(s)")
 
 
 if __name__ == "__main__":

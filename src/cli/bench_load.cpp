@@ -19,6 +19,8 @@
 //           layers a --hidden-layers cut leaves out are not read. --hidden-layers
 //           (ModelOptions::hidden_layers: the FLUX.2 pipelines' 9,18,27 /
 //           10,20,30) implies it; model-load always reads what the model reads.
+// --plan-only: print the plan's numbers (checkpoint, slice, replicated and
+// skipped bytes) and read nothing.
 // --drop: every tensor (every 16 MiB chunk for sequential) is released as
 // soon as it has been read, for a rank whose slices do not fit in this
 // machine's memory. Bytes read and time are still the load's; peak RSS growth
@@ -48,6 +50,7 @@
 #include "dist/communicator.h"
 #include "models/model_registry.h"
 #include "runtime/error.h"
+#include "runtime/logging.h"
 #include "runtime/size_string.h"
 
 namespace tprun::cli {
@@ -151,6 +154,7 @@ void add_load_bench_options(po::options_description& desc) {
        "layers, the final norm and lm_head are not read. Implies --plan model")
       ("dtype", po::value<std::string>()->default_value(""), "compute dtype (default: as stored)")
       ("shard-modulation", po::bool_switch(), "shard the AdaLN modulation linears (rowwise_split_input)")
+      ("plan-only", po::bool_switch(), "print what would be read (JSON: slice, replicated, skipped bytes); read nothing")
       ("drop", po::bool_switch(),
        "release each tensor (sequential: each 16 MiB chunk) right after it is read: for slices that do not fit "
        "in memory; peak RSS growth is then the largest single tensor");
@@ -158,6 +162,8 @@ void add_load_bench_options(po::options_description& desc) {
 }
 
 int run_load_bench(const po::variables_map& vm) {
+  // Log lines (a model load narrates) to stderr, at --log-level: stdout is the JSON line.
+  init_logging({0, 1, vm.count("log-level") ? vm["log-level"].as<std::string>() : std::string(), ""});
   if (!vm.count("model")) throw ConfigError("bench load needs --model DIR", true);
   const std::string model = vm["model"].as<std::string>();
   const int tp = vm["tp"].as<int>(), rank = vm["rank"].as<int>();
@@ -227,6 +233,25 @@ int run_load_bench(const po::variables_map& vm) {
     items.push_back(std::move(it));
   }
   plan_items.clear();
+  if (vm["plan-only"].as<bool>()) {
+    nlohmann::json j = {{"model", model},
+                        {"class", table->cls},
+                        {"plan", plan},
+                        {"hidden_layers", topts.hidden_layers},
+                        {"shard_modulation", topts.shard_modulation},
+                        {"tp", tp},
+                        {"rank", rank},
+                        {"checkpoint_bytes", ck->total_bytes()},
+                        {"slice_bytes", slice_bytes},
+                        {"replicated_bytes", replicated_bytes},
+                        {"planned_full_bytes", planned_full},
+                        {"largest_item_bytes", largest_planned},
+                        {"skipped_bytes", skipped_bytes},
+                        {"skipped_tensors", skipped_tensors},
+                        {"tensors", items.size()}};
+    std::cout << j.dump() << "\n";
+    return 0;
+  }
 
   const uint64_t rss_before = proc_status_kb("VmRSS:") * 1024;
   reset_peak_rss();

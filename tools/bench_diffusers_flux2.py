@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The diffusers side of `tools/bench_batch --flux2-klein`, and the image check.
+
+  bench_diffusers_flux2.py run FOLDER REQUESTS.jsonl OUT --height H --width W --steps N
+                           --guidance G --max-sequence-length L [--threads T] [--shard I/N]
+      Flux2KleinPipeline.from_pretrained(FOLDER) (fp32, as `tprun run`'s default dtype), then a
+      loop over the requests (every N-th from the I-th, in file order) with each request's own seed
+      (torch.Generator("cpu").manual_seed(seed): the noise tprun draws for that seed), saving
+      OUT/images/<id>.png as a PIL image (uint8, diffusers' own numpy_to_pil rounding). Prints one
+      JSON line: seconds for the imports, the load and the loop, and images made. The whole-process
+      wall time (interpreter start to exit) is measured by the caller.
+  bench_diffusers_flux2.py compare DIR_A DIR_B [ID ...]
+      Max abs difference of the uint8 RGB images DIR_A/<id>.png and DIR_B/<id>.png (every PNG of
+      DIR_A when no id is given); prints one JSON line, exit 1 if an image is missing or its shape
+      differs.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+T0 = time.perf_counter()
+
+
+def run(args):
+    import torch
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from diffusers import Flux2KleinPipeline
+    from diffusers.utils import logging as dlogging
+    dlogging.disable_progress_bar()
+    t_import = time.perf_counter()
+    pipe = Flux2KleinPipeline.from_pretrained(args.folder, dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    t_load = time.perf_counter()
+    index, count = (int(x) for x in args.shard.split("/"))
+    requests = [json.loads(l) for l in open(args.requests) if l.strip() and not l.lstrip().startswith("#")]
+    mine = requests[index::count]
+    images = os.path.join(args.out, "images")
+    os.makedirs(images, exist_ok=True)
+    with torch.inference_mode():
+        for r in mine:
+            image = pipe(prompt=r["prompt"], height=r.get("height", args.height), width=r.get("width", args.width),
+                         num_inference_steps=r.get("steps", args.steps), guidance_scale=r.get("guidance", args.guidance),
+                         max_sequence_length=r.get("max_sequence_length", args.max_sequence_length),
+                         generator=torch.Generator("cpu").manual_seed(r["seed"]), output_type="pil").images[0]
+            image.save(os.path.join(images, f"{r['id']}.png"))
+    t_loop = time.perf_counter()
+    print(json.dumps({"shard": args.shard, "threads": args.threads, "images": len(mine),
+                      "import_s": round(t_import - T0, 3), "load_s": round(t_load - t_import, 3),
+                      "loop_s": round(t_loop - t_load, 3)}), flush=True)
+
+
+def compare(args):
+    import numpy as np
+    from PIL import Image
+    ids = args.ids or sorted(f[:-4] for f in os.listdir(args.a) if f.endswith(".png"))
+    worst, per, bad = 0, {}, []
+    for i in ids:
+        pa, pb = os.path.join(args.a, f"{i}.png"), os.path.join(args.b, f"{i}.png")
+        if not (os.path.exists(pa) and os.path.exists(pb)):
+            bad.append(f"{i}: missing")
+            continue
+        a = np.asarray(Image.open(pa).convert("RGB"), dtype=np.int16)
+        b = np.asarray(Image.open(pb).convert("RGB"), dtype=np.int16)
+        if a.shape != b.shape:
+            bad.append(f"{i}: shapes {a.shape} vs {b.shape}")
+            continue
+        d = int(np.abs(a - b).max())
+        per[i] = d
+        worst = max(worst, d)
+    identical = sum(1 for d in per.values() if d == 0)
+    print(json.dumps({"images": len(per), "max_abs_diff_uint8": worst, "identical": identical, "problems": bad}))
+    return 1 if bad or not per else 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("folder")
+    r.add_argument("requests")
+    r.add_argument("out")
+    r.add_argument("--height", type=int, required=True)
+    r.add_argument("--width", type=int, required=True)
+    r.add_argument("--steps", type=int, required=True)
+    r.add_argument("--guidance", type=float, required=True)
+    r.add_argument("--max-sequence-length", type=int, required=True)
+    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--shard", default="0/1", help="I/N: every N-th request from the I-th")
+    c = sub.add_parser("compare")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("ids", nargs="*")
+    args = ap.parse_args()
+    if args.cmd == "run":
+        run(args)
+        return 0
+    return compare(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
