@@ -10,7 +10,6 @@
 
 #include "checkpoint/tensor_file.h"
 #include "cli/memory_args.h"
-#include "memory/memory_apply.h"
 #include "cli/command.h"
 #include "cli/session_options.h"
 #include "dist/communicator.h"
@@ -133,7 +132,7 @@ Command generate_command() {
     if (vm["replicate-text-encoders"].as<bool>()) opts.shard_text_encoders = false;
     opts.shard_modulation = vm["shard-modulation"].as<bool>();
     const memory::MemoryOptions mem = memory_from(vm);
-    memory::apply(mem, opts);
+    opts.component_base.memory = mem;
     spdlog::info("{}", memory::describe(mem));
     opts.text_encoders =
         !(embeds_given && (req.true_cfg_scale.value_or(1.0) <= 1.0 || req.has_given("negative_prompt_embeds")));

@@ -9,7 +9,6 @@
 #include "checkpoint/pipeline_folder.h"
 #include "checkpoint/torch_dtype.h"
 #include "cli/memory_args.h"
-#include "memory/memory_apply.h"
 #include "models/model_config.h"
 #include "models/model_registry.h"
 #include "runtime/error.h"
@@ -93,7 +92,7 @@ std::unique_ptr<models::Model> load_component(const ModelArgs& a, const parallel
   const auto config = models::read_component_config(a.path, &config_path);
   auto source = checkpoint::open_weight_source(a.path, a.variant);
   models::ModelOptions o;
-  memory::apply(a.memory, o);
+  o.memory = a.memory;
   spdlog::info("{}", memory::describe(a.memory));
   o.dtype = a.dtype;
   o.device = device;

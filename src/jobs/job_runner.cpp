@@ -27,7 +27,6 @@
 #include "jobs/progress.h"
 #include "jobs/request_list.h"
 #include "jobs/results_log.h"
-#include "memory/memory_apply.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
@@ -246,7 +245,7 @@ void JobRun::load() {
   lo.device = session_.device().device;
   lo.shard_text_encoders = m.shard_text_encoders;
   lo.shard_modulation = m.shard_modulation;
-  memory::apply(m.memory, lo);
+  lo.component_base.memory = m.memory;
   spdlog::info("{}", memory::describe(m.memory));
   const auto t0 = Clock::now();
   pipe_ = pipelines::load_pipeline(m.model, tp, lo);

@@ -1,10 +1,10 @@
 #pragma once
 // The memory features of diffusers' memory guide, as the manifest's [memory]
 // table and `--memory KEY=VALUE` set them (jobs/manifest.h parses both, with
-// file:line or the flag in every message). This layer turns them into the
-// options pipelines and models load with (memory_apply.h); models never
-// name a feature. This header and its .cpp are torch-free (the manifest
-// parser's fuzz target links them).
+// file:line or the flag in every message). They travel as part of the
+// options every model loads with (models::ModelOptions::memory); the
+// families read the fields that concern them. Torch-free, below parallel/
+// and models/ (the manifest parser's fuzz target links it).
 //
 // Built:      vae_slicing, vae_tiling (+ vae_tile_sample_size, vae_tile_overlap),
 //             attention_chunk, layerwise_casting
@@ -20,13 +20,30 @@
 namespace tprun::memory {
 
 struct MemoryOptions {
+  // VAEs, as diffusers' enable_slicing() / enable_tiling(): a batch decoded
+  // and encoded one image at a time; images larger than a tile decoded and
+  // encoded in overlapping, blended tiles (models/vae_tiling.h). Tile side
+  // in pixels: 0 = the config's sample_size; overlap: diffusers' 0.25.
   bool vae_slicing = false;
   bool vae_tiling = false;
-  int64_t vae_tile_sample_size = 0;  // pixels; 0: the VAE config's sample_size
+  int64_t vae_tile_sample_size = 0;
   double vae_tile_overlap = 0.25;
-  int64_t attention_chunk = 0;  // query tokens per attention call; 0: all at once
-  // layerwise_casting = { storage = "float8_e4m3fn" | "float8_e5m2", skip = [regexes] }:
-  // "" = off; skip nullopt = diffusers' default patterns (models::ModelOptions).
+  // Attention with the queries in chunks of at most this many tokens, each
+  // against all keys / values (exact up to floating-point order), in every
+  // attention of a model (models/nn_ops.h "attention"). 0: one call over all
+  // queries. A load refuses a value outside [0, kMaxAttentionChunk] and logs
+  // the attention backend and this choice.
+  int64_t attention_chunk = 0;
+  // layerwise_casting = { storage, skip }: weights kept in a narrower storage
+  // dtype and up-cast to the compute dtype at each use (diffusers'
+  // enable_layerwise_casting): "" = off, "float8_e4m3fn" | "float8_e5m2".
+  // Applies to the weight and bias of Linear, Conv and Embedding layers whose
+  // module name matches none of the skip patterns (std::regex ECMAScript,
+  // searched as Python's re.search over the module's name and every
+  // enclosing module's name). nullopt: diffusers'
+  // DEFAULT_SKIP_MODULES_PATTERN; either way the family's own patterns are
+  // added, and a layer declared to keep a dtype is never narrowed
+  // (models/model_builder.h).
   std::string layerwise_storage;
   std::optional<std::vector<std::string>> layerwise_skip;
 };
@@ -40,7 +57,7 @@ const std::vector<std::string>& memory_keys();
 bool memory_key_built(const std::string& key);
 
 // Bounds, checked by the parser.
-constexpr int64_t kMaxAttentionChunk = int64_t{1} << 24;  // = models::nn::kMaxAttentionChunk (checked)
+constexpr int64_t kMaxAttentionChunk = int64_t{1} << 24;
 constexpr int64_t kMinVaeTile = 8;
 constexpr int64_t kMaxVaeTile = int64_t{1} << 16;
 

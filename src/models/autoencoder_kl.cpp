@@ -231,7 +231,7 @@ std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& sou
   if (!part.empty() && part != "decoder" && part != "encoder") {
     throw ConfigError(fmt::format("AutoencoderKL: part '{}' is not 'decoder' or 'encoder'", part), true);
   }
-  const int64_t attention_chunk = nn::checked_attention_chunk(options.attention_chunk);
+  const int64_t attention_chunk = nn::checked_attention_chunk(options.memory.attention_chunk);
   BuildOptions bo = build_options(options);
   bo.dtype = m->compute_dtype_;
   // Only the requested half needs to be in the checkpoint.
@@ -254,10 +254,10 @@ std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& sou
   m->bytes_loaded_ = built.bytes_read;
   m->bytes_stored_ = built.bytes_stored;
   m->w_ = std::move(w);
-  m->slicing_ = options.vae_slicing;
-  m->tiling_ = options.vae_tiling;
-  m->tile_sample_ = options.vae_tile_sample_size > 0 ? options.vae_tile_sample_size : cfg.sample_size;
-  m->tile_overlap_ = options.vae_tile_overlap;
+  m->slicing_ = options.memory.vae_slicing;
+  m->tiling_ = options.memory.vae_tiling;
+  m->tile_sample_ = options.memory.vae_tile_sample_size > 0 ? options.memory.vae_tile_sample_size : cfg.sample_size;
+  m->tile_overlap_ = options.memory.vae_tile_overlap;
   if (m->tiling_ && (m->tile_sample_ < cfg.scale_factor() || m->tile_sample_ % cfg.scale_factor() != 0)) {
     throw ConfigError(fmt::format("{}: VAE tiles of {} px are not a multiple of the scale factor {} (set "
                                   "vae_tile_sample_size)",

@@ -110,7 +110,7 @@ std::unique_ptr<ClipTextModel> ClipTextModel::load(checkpoint::WeightSource& sou
                                                    const ModelOptions& options) {
   auto m = std::make_unique<ClipTextModel>();
   m->config_ = ClipTextConfig::from_json(config, config_path);
-  const int64_t attention_chunk = nn::checked_attention_chunk(options.attention_chunk);
+  const int64_t attention_chunk = nn::checked_attention_chunk(options.memory.attention_chunk);
   auto w = std::make_shared<ClipTextWeights>();
   BuiltModel built = build_model(kClass, source, parallel::TpContext{}, build_options(options),
                                  [&](ModelBuilder& b) { *w = declare_clip(m->config_, b); });

@@ -407,7 +407,7 @@ std::unique_ptr<DecoderTextEncoder> DecoderTextEncoder::load(checkpoint::WeightS
   if (c.family == DecoderFamily::Mistral3) c.layout = detect_layout(source, c);
   m->hidden_layers_ = options.hidden_layers;
   m->layers_run_ = layers_needed(c, options.hidden_layers);
-  m->attention_chunk_ = nn::checked_attention_chunk(options.attention_chunk);
+  m->attention_chunk_ = nn::checked_attention_chunk(options.memory.attention_chunk);
   m->final_norm_ = m->layers_run_ == c.layers;
   m->tp_ = tp;
   auto w = std::make_shared<DecoderWeights>();

@@ -79,7 +79,7 @@ std::unique_ptr<Flux2Transformer> Flux2Transformer::load(checkpoint::WeightSourc
   m->config_ = Flux2Config::from_json(config, config_path);
   m->tp_ = tp;
   m->shard_modulation_ = options.shard_modulation;
-  m->attention_chunk_ = nn::checked_attention_chunk(options.attention_chunk);
+  m->attention_chunk_ = nn::checked_attention_chunk(options.memory.attention_chunk);
   auto w = std::make_shared<Flux2Weights>();
   BuiltModel built = build_model(kClass, source, tp, build_options(options, class_skip_patterns()),
                                  [&](ModelBuilder& b) { *w = declare_flux2(m->config_, options.shard_modulation, b); });

@@ -65,7 +65,7 @@ std::unique_ptr<FluxTransformer> FluxTransformer::load(checkpoint::WeightSource&
   m->config_ = FluxConfig::from_json(config, config_path);
   m->tp_ = tp;
   m->shard_modulation_ = options.shard_modulation;
-  m->attention_chunk_ = nn::checked_attention_chunk(options.attention_chunk);
+  m->attention_chunk_ = nn::checked_attention_chunk(options.memory.attention_chunk);
   auto w = std::make_shared<FluxWeights>();
   BuiltModel built = build_model(kClass, source, tp, build_options(options, class_skip_patterns()),
                                  [&](ModelBuilder& b) { *w = declare_flux(m->config_, options.shard_modulation, b); });

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint/shard_loader.h"
+#include "memory/memory_options.h"
 #include "models/model_table.h"
 #include "models/tensor_map.h"
 #include "parallel/tp_context.h"
@@ -32,35 +33,10 @@ struct ModelOptions {
   // output of layer k-1). Layers after the last one asked for are neither
   // loaded nor run. Empty: every layer (and the final norm).
   std::vector<int64_t> hidden_layers;
-  // VAEs, as diffusers' enable_slicing() / enable_tiling(): a batch decoded
-  // and encoded one image at a time; images larger than a tile decoded and
-  // encoded in overlapping, blended tiles (models/vae_tiling.h). Tile side
-  // in pixels: 0 = the config's sample_size; overlap: diffusers' 0.25.
-  bool vae_slicing = false;
-  bool vae_tiling = false;
-  int64_t vae_tile_sample_size = 0;
-  double vae_tile_overlap = 0.25;
-  // Attention with the queries in chunks of at most this many tokens, each
-  // against all keys / values (exact up to floating-point order; bounds the
-  // activation memory of attention at large images), in every attention of
-  // the model (models/nn_ops.h "attention"). 0: one call over all queries
-  // (the default, unchanged). A load refuses a value outside
-  // [0, nn::kMaxAttentionChunk] (ConfigError) and logs, once, the attention
-  // backend and this choice at info level.
-  int64_t attention_chunk = 0;
-  // Weights kept in a narrower storage dtype and up-cast to the compute dtype
-  // at each use, the up-cast copy dropped after (diffusers'
-  // enable_layerwise_casting): "" = off, "float8_e4m3fn" | "float8_e5m2".
-  // Applies to the parameters (weight and bias) of Linear, Conv and Embedding
-  // layers whose module name matches none of the skip patterns (regexes,
-  // std::regex ECMAScript, searched as Python's re.search over the module's
-  // name and every enclosing module's name). nullopt: diffusers'
-  // DEFAULT_SKIP_MODULES_PATTERN; either way the family's own patterns (its
-  // diffusers class's _skip_layerwise_casting_patterns) are added, and a
-  // layer declared to keep a dtype (LinearDecl::in_dtype, diffusers'
-  // _keep_in_fp32_modules) is never narrowed.
-  std::string layerwise_storage;
-  std::optional<std::vector<std::string>> layerwise_skip;
+  // The memory features ([memory] / --memory; memory/memory_options.h):
+  // VAE slicing and tiling, attention in query chunks, fp8 layerwise
+  // casting. The families read the fields that concern them.
+  memory::MemoryOptions memory;
 };
 
 class Model {

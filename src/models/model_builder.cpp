@@ -87,9 +87,9 @@ BuildOptions build_options(const ModelOptions& options, const std::vector<std::s
   b.dtype = options.dtype;
   b.device = options.device;
   b.mode = options.mode;
-  b.storage = options.layerwise_storage;
+  b.storage = options.memory.layerwise_storage;
   if (!b.storage.empty()) {
-    b.storage_skip = options.layerwise_skip ? *options.layerwise_skip : default_storage_skip_patterns();
+    b.storage_skip = options.memory.layerwise_skip ? *options.memory.layerwise_skip : default_storage_skip_patterns();
     b.storage_skip.insert(b.storage_skip.end(), class_skip.begin(), class_skip.end());
   }
   return b;

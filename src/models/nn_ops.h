@@ -13,6 +13,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "memory/memory_options.h"
+
 namespace at {
 class Tensor;
 }
@@ -64,7 +66,7 @@ at::Tensor apply_rope(const at::Tensor& x, const Rope& rope);
 // same call as without the option.
 
 // The largest ModelOptions::attention_chunk accepted.
-constexpr int64_t kMaxAttentionChunk = int64_t{1} << 24;
+constexpr int64_t kMaxAttentionChunk = memory::kMaxAttentionChunk;
 
 // ModelOptions::attention_chunk checked (the one place the models validate
 // it): ConfigError (raised alike on every rank) for a value outside

@@ -170,7 +170,7 @@ std::unique_ptr<T5Encoder> T5Encoder::load(checkpoint::WeightSource& source, con
   auto m = std::make_unique<T5Encoder>();
   m->config_ = T5Config::from_json(config, config_path);
   m->tp_ = tp;
-  const int64_t attention_chunk = nn::checked_attention_chunk(options.attention_chunk);
+  const int64_t attention_chunk = nn::checked_attention_chunk(options.memory.attention_chunk);
   auto w = std::make_shared<T5Weights>();
   BuiltModel built = build_model(kClass, source, tp, build_options(options, class_skip_patterns()),
                                  [&](ModelBuilder& b) { *w = declare_t5(m->config_, options.dtype, b); });

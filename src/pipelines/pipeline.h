@@ -37,9 +37,9 @@ struct PipelineOptions {
   bool shard_modulation = false;      // the transformer's AdaLN modulations rowwise_split_input
   bool text_encoders = true;          // false: requests must give prompt embeddings
   bool decode_on_every_rank = false;  // default: TP rank 0 only loads the VAE and decodes
-  // What every component's load starts from: the memory settings the memory
-  // layer sets from [memory] (attention_chunk, VAE slicing and tiling); the
-  // pipeline adds dtype, device and each component's own options on top.
+  // What every component's load starts from: its `memory` field holds the
+  // [memory] / --memory settings; the pipeline adds dtype, device and each
+  // component's own options on top.
   models::ModelOptions component_base;
 };
 

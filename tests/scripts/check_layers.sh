@@ -10,12 +10,12 @@ declare -A allowed=(
   [runtime]="runtime"
   [dist]="dist runtime"
   [checkpoint]="checkpoint runtime"
-  [parallel]="parallel checkpoint dist runtime"
-  [models]="models parallel checkpoint dist runtime"
-  [pipelines]="pipelines models parallel checkpoint dist runtime"
-  [memory]="memory pipelines models parallel checkpoint dist runtime"
-  [jobs]="jobs memory pipelines models parallel checkpoint dist runtime"
-  [cli]="cli jobs memory pipelines models parallel checkpoint dist runtime"
+  [memory]="memory checkpoint runtime"
+  [parallel]="parallel memory checkpoint dist runtime"
+  [models]="models parallel memory checkpoint dist runtime"
+  [pipelines]="pipelines models parallel memory checkpoint dist runtime"
+  [jobs]="jobs pipelines models parallel memory checkpoint dist runtime"
+  [cli]="cli jobs pipelines models parallel memory checkpoint dist runtime"
 )
 bad=0
 for layer in "${!allowed[@]}"; do

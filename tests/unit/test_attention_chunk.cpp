@@ -184,7 +184,7 @@ TEST(AttentionChunk, OptionBounds) {
   const json cfg = read_component_config(dir.string(), &cfg_path);
   auto source = checkpoint::open_weight_source(dir.string());
   ModelOptions o;
-  o.attention_chunk = -8;
+  o.memory.attention_chunk = -8;
   EXPECT_THROW(FluxTransformer::load(*source, cfg, cfg_path, {}, o), ConfigError);
 }
 
@@ -206,7 +206,7 @@ std::unique_ptr<Model> load_dir(const fs::path& dir, int64_t chunk, ModelOptions
   std::string cfg_path;
   const json cfg = read_component_config(dir.string(), &cfg_path);
   auto source = checkpoint::open_weight_source(dir.string());
-  o.attention_chunk = chunk;
+  o.memory.attention_chunk = chunk;
   return load_model(*source, cfg, cfg_path, {}, o);
 }
 

@@ -176,7 +176,7 @@ TEST_F(BuilderLoad, NarrowStorageCastsLayersAndUpCastsPerUse) {
   EXPECT_EQ(plain.bytes_stored, (8 * 4 + 8 + 4) * 4u);
 
   ModelOptions o;
-  o.layerwise_storage = "float8_e4m3fn";
+  o.memory.layerwise_storage = "float8_e4m3fn";
   const BuildOptions bo = build_options(o, {"^never$"});
   EXPECT_EQ(bo.storage_skip.size(), default_storage_skip_patterns().size() + 1);
   const BuiltModel cast = build_model("Toy", source, {}, bo, declare);
@@ -192,18 +192,18 @@ TEST_F(BuilderLoad, NarrowStorageCastsLayersAndUpCastsPerUse) {
   EXPECT_TRUE(fc.bias().get().equal(b32.to(c10::ScalarType::Float8_e4m3fn).to(c10::ScalarType::Float)));
 
   // A user pattern replaces the defaults; a module matched is kept whole (weight and bias).
-  o.layerwise_storage = "float8_e5m2";
-  o.layerwise_skip = std::vector<std::string>{"^fc$"};
+  o.memory.layerwise_storage = "float8_e5m2";
+  o.memory.layerwise_skip = std::vector<std::string>{"^fc$"};
   EXPECT_EQ(build_model("Toy", source, {}, build_options(o), declare).bytes_stored, plain.bytes_stored);
-  o.layerwise_skip = std::vector<std::string>{};
+  o.memory.layerwise_skip = std::vector<std::string>{};
   EXPECT_EQ(build_model("Toy", source, {}, build_options(o), declare).bytes_stored, (8 * 4 + 8) * 1u + 4 * 4u);
   // Bad settings are named (the parser refuses them first; this is the builder's own check).
-  o.layerwise_skip = std::vector<std::string>{"(unclosed"};
+  o.memory.layerwise_skip = std::vector<std::string>{"(unclosed"};
   EXPECT_NE(error_of([&] { build_model("Toy", source, {}, build_options(o), declare); })
                 .find("memory.layerwise_casting.skip: '(unclosed' is not a regular expression"),
             std::string::npos);
-  o.layerwise_skip.reset();
-  o.layerwise_storage = "int4";
+  o.memory.layerwise_skip.reset();
+  o.memory.layerwise_storage = "int4";
   EXPECT_NE(error_of([&] { build_model("Toy", source, {}, build_options(o), declare); })
                 .find("memory.layerwise_casting.storage: 'int4'"),
             std::string::npos);
