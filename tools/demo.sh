@@ -3,7 +3,7 @@
 #   1. set up and build if needed;
 #   2. `tprun init-model` writes a tiny FLUX.1 pipeline folder (random weights,
 #      tokenizers trained on bundled text) into $TPRUN_DEMO_DIR/model;
-#   3. `mpirun -np 4 tprun run jobs/demo.toml`: a dozen prompts over 2
+#   3. `mpirun -np 4 --bind-to none tprun run jobs/demo.toml`: a dozen prompts over 2
 #      data-parallel replicas x tp 2 (rerunning resumes: finished images are kept);
 #   4. prints where the images and results are.
 # $TPRUN_DEMO_DIR defaults to build/demo. Extra arguments go to `tprun run`
@@ -19,6 +19,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if [ ! -f "$demo/model/model_index.json" ]; then
   "$tprun" init-model "$demo/model" --arch flux --preset tiny
 fi
-mpirun -np 4 --oversubscribe "$tprun" run "$root/jobs/demo.toml" --set "model=\"$demo/model\"" --out "$demo/out" \
+mpirun -np 4 --oversubscribe --bind-to none "$tprun" run "$root/jobs/demo.toml" --set "model=\"$demo/model\"" --out "$demo/out" \
   --log-dir "$demo/logs" "$@"
 echo "demo: images in $demo/out/images, results in $demo/out/results.jsonl (model $demo/model, logs $demo/logs)"

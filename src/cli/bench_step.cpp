@@ -34,12 +34,16 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/pipeline_folder.h"
 #include "checkpoint/tensor_file.h"
 #include "checkpoint/torch_dtype.h"
+#include "cli/memory_args.h"
 #include "cli/model_args.h"
+#include "memory/group_offloader.h"
 #include "parallel/matmul_trace.h"
 #include "cli/session_options.h"
 #include "dist/communicator.h"
@@ -80,13 +84,25 @@ double timed_max(dist::Communicator& world, Fn fn) {
 
 }  // namespace
 
+// A "VmRSS:" / "VmHWM:" line of /proc/self/status, in bytes (0 where absent).
+static uint64_t proc_status_bytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(key.size())) * 1024;
+  }
+  return 0;
+}
+
 void add_step_bench_options(po::options_description& desc) {
   po::options_description o("Step benchmark (bench step; also --model, --tp, --dtype, --shard-modulation)");
   o.add_options()
       ("inputs", po::value<std::string>(), "safetensors with the forward's inputs (as `tprun forward`)")
       ("iters", po::value<int>()->default_value(5), "timed forwards; the median is reported")
       ("warmup", po::value<int>()->default_value(1), "untimed forwards first")
-      ("out", po::value<std::string>(), "rank 0 writes the last forward's 'sample' here (F32)");
+      ("out", po::value<std::string>(), "rank 0 writes the last forward's 'sample' here (F32)")
+      ("no-bare", po::bool_switch(), "skip the bare-matmul baseline (its operands take as much memory as the "
+                                     "weights: off for memory measurements)");
   desc.add(o);
 }
 
@@ -98,6 +114,7 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   args.dtype = vm["dtype"].as<std::string>().empty() ? "fp32" : vm["dtype"].as<std::string>();
   (void)checkpoint::parse_compute_dtype(args.dtype, "--dtype");
   args.shard_modulation = vm["shard-modulation"].as<bool>();
+  args.memory = memory_from(vm);
   if (checkpoint::is_pipeline_folder(args.model)) {
     auto folder = checkpoint::open_pipeline_folder(args.model);
     const auto* c = folder.find("transformer");
@@ -114,7 +131,9 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
 
   auto inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
+  if (session.rank() == 0) spdlog::info("{}", memory::describe(args.memory));
   auto model = load_component(args, tp, session.device().device);
+  const uint64_t rss_loaded = proc_status_bytes("VmRSS:");
   const std::string output = model->primary_output();
 
   at::Tensor sample;
@@ -127,6 +146,10 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   for (int i = 1; i < warmup; ++i) sample = model->forward(inputs).at(output);
   std::vector<double> fwd;
   for (int i = 0; i < iters; ++i) fwd.push_back(timed_max(world, [&] { sample = model->forward(inputs).at(output); }));
+  // Before the baseline allocates its operands: this process's peak so far.
+  const uint64_t peak_rss = proc_status_bytes("VmHWM:");
+  const memory::OffloadStats offload = memory::GroupOffloader::instance().stats();
+  const bool skip_bare = vm["no-bare"].as<bool>();
 
   // Bare baseline: this rank's matmul shapes, distinct operands per layer (as
   // the model's weights are), same dtype, back to back.
@@ -141,6 +164,7 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
                                     [](const models::TensorSpec& t) { return t.kind == models::TensorKind::Bias; });
   std::vector<Operands> ops;
   for (const auto& m : shapes) {
+    if (skip_bare) break;
     if (m.linear) {
       ops.push_back({at::randn({m.m, m.k}, opts), at::randn({m.n, m.k}, opts),
                      has_bias ? at::randn({m.n}, opts) : at::Tensor()});
@@ -184,7 +208,20 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
                         {"bare_times_s", bare},
                         {"bare_median_s", bare_med},
                         {"bare_rank_gflops", rank_flops / bare_med / 1e9},
-                        {"share_in_matmul", bare_med / med}};
+                        {"share_in_matmul", skip_bare ? 0.0 : bare_med / med},
+                        {"memory", memory::describe(args.memory)},
+                        {"bytes_loaded", model->bytes_loaded()},
+                        {"bytes_resident_weights", model->bytes_stored()},
+                        {"rss_after_load_bytes", rss_loaded},
+                        {"peak_rss_bytes", peak_rss},
+                        {"offload", {{"groups", offload.groups},
+                                     {"loads", offload.loads},
+                                     {"prefetch_hits", offload.prefetch_hits},
+                                     {"bytes_moved", offload.bytes_moved},
+                                     {"max_bytes_in_flight", offload.max_bytes_in_flight},
+                                     {"wait_s", offload.wait_s},
+                                     {"files_written", offload.files_written},
+                                     {"files_reused", offload.files_reused}}}};
     for (const auto& [name, t] : inputs) j["inputs"][name] = t.sizes().vec();
     std::cout << j.dump() << std::endl;
     if (vm.count("out")) checkpoint::write_tensor_file_f32(vm["out"].as<std::string>(), {{output, sample}});

@@ -51,6 +51,7 @@ const std::vector<Command>& all_commands() {
 }
 
 int run_cli(int argc, char** argv) {
+  init_launch_logging();  // until the command's session installs its own: the rank prefix, no stray colour
   if (argc < 2) {
     if (is_printing_rank()) std::cerr << general_help();
     return exit_code::kUsage;

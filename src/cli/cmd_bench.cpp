@@ -12,6 +12,7 @@
 
 #include "cli/bench_load.h"
 #include "cli/bench_step.h"
+#include "cli/memory_args.h"
 #include "cli/command.h"
 #include "cli/session_options.h"
 #include "dist/device_mesh.h"
@@ -144,6 +145,7 @@ Command bench_command() {
     pos.add("what", 1);
     add_load_bench_options(desc);
     add_step_bench_options(desc);
+    add_memory_option(desc);
     add_session_options(desc);
   };
   c.run = [](const po::variables_map& vm, int* argc, char*** argv) {

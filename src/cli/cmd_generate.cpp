@@ -13,8 +13,10 @@
 #include "cli/command.h"
 #include "cli/session_options.h"
 #include "dist/communicator.h"
+#include "dist/control_plane.h"
 #include "dist/device_mesh.h"
 #include "dist/mesh.h"
+#include "jobs/output_folder.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
@@ -122,6 +124,13 @@ Command generate_command() {
                         true);
     }
     auto mesh = session.make_mesh(spec);
+    {  // the outputs can be written: checked before any weight is loaded or step run
+      dist::ControlPlane control(session.watchdog());
+      control.agree([&] {
+        if (vm.count("out")) jobs::check_output_file(vm["out"].as<std::string>(), "--out");
+        if (vm.count("out-tensors")) jobs::check_output_file(vm["out-tensors"].as<std::string>(), "--out-tensors");
+      });
+    }
     parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
 
     pipelines::PipelineOptions opts;

@@ -10,6 +10,7 @@
 #include "checkpoint/hdf5_source.h"
 #include "checkpoint/pipeline_folder.h"
 #include "cli/command.h"
+#include "models/model_config.h"
 #include "models/model_registry.h"
 #include "runtime/error.h"
 #include "runtime/size_string.h"
@@ -82,7 +83,12 @@ nlohmann::json inspect_component(const std::string& name, const std::string& pat
                                  int tp) {
   const Listing l = list_component(path, variant);
   std::optional<models::ModelTable> table;
-  if (l.has_config) table = models::model_table_for(l.config, l.config_path);
+  if (l.has_config) {
+    std::vector<std::string> names;
+    for (const auto& row : l.rows) names.push_back(row.name);
+    const models::TensorCensus census(std::move(names), path);  // block counts against what the checkpoint holds
+    table = models::model_table_for(l.config, l.config_path, {}, &census);
+  }
 
   nlohmann::json out;
   out["name"] = name;

@@ -25,6 +25,9 @@ Command run_command() {
         ("shard", po::value<std::string>(),
          "run chunk I of N of the requests (I/N, or 'slurm' in a job array) into <output.dir>/shard-I-of-N; "
          "merge the chunks with tprun merge-results")
+        ("status-file", po::value<std::string>(),
+         "rank 0 writes {\"exit_code\": N, \"state\": ...} here when the run ends (for requeue scripts: "
+         "tprun's own verdict, whatever the launcher returns)")
         ("progress", po::value<std::string>()->default_value("auto"),
          "auto (a live line on a terminal, log lines otherwise) | live | log | none");
     desc.add(o);
@@ -49,6 +52,7 @@ Command run_command() {
     }
     o.retry_failed = vm["retry-failed"].as<bool>();
     if (vm.count("shard")) jobs::parse_shard(vm["shard"].as<std::string>(), o);
+    if (vm.count("status-file")) o.status_file = vm["status-file"].as<std::string>();
     o.progress = vm["progress"].as<std::string>();
     if (o.progress != "auto" && o.progress != "live" && o.progress != "log" && o.progress != "none") {
       throw ConfigError(fmt::format("--progress {}: not one of auto, live, log, none", o.progress), true);

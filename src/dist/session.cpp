@@ -3,12 +3,14 @@
 #include <chrono>
 #include <exception>
 
+#include <c10/util/Logging.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "dist/comm_watchdog.h"
 #include "dist/device_mesh.h"
 #include "dist/mpi_world.h"
+#include "runtime/cpu_binding.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -20,6 +22,10 @@ Session* g_session = nullptr;
 Session* Session::current() { return g_session; }
 
 Session::Session(int* argc, char*** argv, const SessionOptions& options) {
+  // A failed libtorch enforce (an allocation the allocator cannot make,
+  // above all) must throw c10::Error, which the pipelines turn into a request
+  // error, not abort the process.
+  FLAGS_caffe2_use_fatal_for_enforce = false;
   // Log with the launcher's rank (if any) until MPI confirms it.
   auto early = rank_env_from_variables(process_env());
   init_logging({early ? early->rank : 0, early ? early->world : 1, options.log_level, ""});
@@ -43,22 +49,27 @@ Session::Session(int* argc, char*** argv, const SessionOptions& options) {
   MPI_Comm_free(&local);
   int sharing = 0;
   for (const auto& m : masks) sharing += m == cpus_ ? 1 : 0;
-  if (options.threads < 0) {
-    throw ConfigError(fmt::format("--threads {} must be at least 1 (0 = automatic)", options.threads));
-  }
-  threads_ = options.threads > 0 ? options.threads
-                                 : cpu_threads_for_rank(cpus_in_affinity_mask(), sharing);
+  // --threads, else Slurm's --cpus-per-task, else the mask shared fairly
+  // (runtime/cpu_binding.h); the node's first rank warns about a launcher
+  // binding that leaves most of the node idle.
+  const ThreadChoice tc = choose_threads(options.threads, cpus_in_affinity_mask(), sharing, cpus_, process_env());
+  threads_ = tc.threads;
   interop_threads_ = std::max(1, threads_ / 2);
-  if (device_.cuda_index < 0) set_torch_threads(threads_, interop_threads_);
+  if (device_.cuda_index < 0) {
+    set_torch_threads(threads_, interop_threads_);
+    if (tc.warning && env_.local_rank == 0) spdlog::warn("{}", *tc.warning);
+    const auto binding = binding_warning(cpu_binding_facts(process_env(), node_cpus(), cpus_in_affinity_mask(), masks));
+    if (binding && env_.local_rank == 0) spdlog::warn("{}", *binding);
+  }
 
   watchdog_ = std::make_unique<dist::CommWatchdog>(
       std::chrono::milliseconds(static_cast<long long>(options.comm_timeout_s * 1000.0)));
   dist::CommWatchdog::set_global(watchdog_.get());
 
   spdlog::info("tprun rank {}/{} on {} (local {}/{}), environment from {}, device {} ({}), "
-               "{} thread(s) on CPUs {} shared by {} local rank(s)",
+               "{} thread(s) on CPUs {} shared by {} local rank(s) (threads from {})",
                env_.rank, env_.world, host_, env_.local_rank, env_.local_size, env_.source,
-               device_.device, device_.reason, threads_, cpus_, sharing);
+               device_.device, device_.reason, threads_, cpus_, sharing, tc.reason);
   if (cuda_built() && device_.cuda_index < 0 && env_.rank == 0) {
     spdlog::info("CUDA build without a visible GPU: NCCL and CUDA paths are skipped, ranks run on CPU");
   }

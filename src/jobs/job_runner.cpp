@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -24,6 +26,7 @@
 #include "dist/session.h"
 #include "jobs/hdf5_store.h"
 #include "jobs/job_schedule.h"
+#include "jobs/output_folder.h"
 #include "jobs/progress.h"
 #include "jobs/request_list.h"
 #include "jobs/results_log.h"
@@ -52,6 +55,7 @@ struct Plan {
 Plan read_plan(const RunOptions& o) {
   Plan p;
   p.manifest = parse_manifest(o.manifest, o.overrides);
+  check_requests_file(p.manifest.path, p.manifest.requests);
   check_paths(p.manifest);
   p.requests = read_requests(p.manifest.requests, p.manifest.defaults);
   if (o.shard_count > 0) {
@@ -86,8 +90,9 @@ class JobRun {
   int run() {
     validate();
     make_mesh();
-    resume();
     load();
+    resume();
+    check_requests();
     schedule();
     replica_loop();
     return results();
@@ -98,11 +103,13 @@ class JobRun {
   void make_mesh();
   void resume();
   void load();
+  void check_requests();
   void schedule();
   void replica_loop();
   int results();
 
   void run_unit(const Unit& unit);
+  void write_outputs(const JobRequest& req, const pipelines::GenerationResult& res, ResultRecord& rec);
   void write_record(const ResultRecord& r);
   void handle_message(Tag tag, const std::string& payload);
   std::vector<std::pair<std::string, std::string>> png_text(const JobRequest& r) const;
@@ -114,7 +121,8 @@ class JobRun {
 
   Plan plan_;
   std::unique_ptr<dist::DeviceMesh> mesh_;
-  std::unique_ptr<ResultsLog> log_;  // world rank 0 only
+  std::unique_ptr<OutputLock> lock_;  // world rank 0 only: the output folder's, for the whole run
+  std::unique_ptr<ResultsLog> log_;   // world rank 0 only
   fs::path out_dir_, images_;
   std::vector<const JobRequest*> todo_;
   int64_t skipped_ = 0;
@@ -165,6 +173,18 @@ void JobRun::validate() {
   });
   out_dir_ = m.output_dir;
   images_ = out_dir_ / "images";
+  // Where the outputs go: refused inside the model folder; a folder that
+  // already exists is locked now (a second run is refused before it loads a
+  // weight) and its log read. Nothing is created yet (see resume()).
+  control_.agree([&] {
+    const std::string warning = check_output_placement(m);
+    if (!warning.empty()) spdlog::warn("{}", warning);
+    std::error_code ec;
+    if (fs::is_directory(out_dir_, ec)) {
+      lock_ = OutputLock::acquire(out_dir_.string());
+      log_ = std::make_unique<ResultsLog>(out_dir_.string());
+    }
+  });
 }
 
 // 2. The mesh: dp replicas x tp groups.
@@ -177,30 +197,38 @@ void JobRun::make_mesh() {
   mesh_ = session_.make_mesh(spec);
 }
 
-// 3. Resume (rank 0): what is done, what runs; stale temporaries removed; the
-//    log rewritten without the ids that run again. The list is broadcast.
+// 4. Resume (rank 0), once the model loaded (a run that fails before its first
+//    request leaves nothing behind): the output folder created and locked;
+//    stale temporaries removed (only under the lock); what is done, what runs;
+//    the log rewritten without the ids that run again. The list is broadcast.
 void JobRun::resume() {
   const Manifest& m = plan_.manifest;
   std::string todo_json;
   control_.agree([&] {
     std::error_code ec;
     fs::create_directories(images_, ec);
-    if (ec) {
-      throw ConfigError(fmt::format("{}: output.dir: cannot create {}: {}", m.path, images_.string(), ec.message()),
-                        true);
+    if (ec) throw_io_error(m.path + ": output.dir: cannot create", images_.string(), ec.value());
+    if (!lock_) lock_ = OutputLock::acquire(out_dir_.string());
+    if (!lock_->unsupported().empty()) {
+      spdlog::warn("{}: the file system refuses locks ({}): nothing stops a second run on this output folder; run one "
+                   "at a time",
+                   lock_->path(), lock_->unsupported());
     }
     for (const fs::path& d : {out_dir_, images_, out_dir_ / "store"}) {
-      if (!fs::is_directory(d)) continue;
-      for (const auto& e : fs::directory_iterator(d)) {
-        if (e.is_regular_file() && is_stale_temp(e.path())) {
-          spdlog::info("removing a temporary file left by an interrupted run: {}", e.path().string());
-          fs::remove(e.path(), ec);
+      if (!fs::is_directory(d, ec)) continue;
+      for (fs::directory_iterator it(d, ec), end; !ec && it != end; it.increment(ec)) {
+        std::error_code fec;
+        if (it->is_regular_file(fec) && is_stale_temp(it->path())) {
+          spdlog::info("removing a temporary file left by an interrupted run: {}", it->path().string());
+          if (!fs::remove(it->path(), fec) && fec) throw_io_error("cannot remove", it->path().string(), fec.value());
         }
       }
+      if (ec) throw_io_error("cannot list", d.string(), ec.value());
     }
-    log_ = std::make_unique<ResultsLog>(out_dir_.string());
+    if (!log_) log_ = std::make_unique<ResultsLog>(out_dir_.string());
     if (log_->torn_lines() > 0) {
-      spdlog::warn("{}: dropped {} torn line(s) left by an interrupted writer", log_->path(), log_->torn_lines());
+      spdlog::warn("{}: dropped its last line, cut short by an interrupted writer: '{}'", log_->path(),
+                   clip_text(log_->torn_text(), 200));
     }
     const bool use_store = m.hdf5 || m.latents;
     const std::set<std::string> stored =
@@ -211,8 +239,19 @@ void JobRun::resume() {
       auto it = log_->records().find(r.id);
       if (it != log_->records().end()) {
         const auto& rec = it->second;
-        const bool image_ok = (!m.png || fs::is_regular_file(images_ / (r.id + ".png"))) &&
-                              (!use_store || stored.count(r.id) != 0);
+        bool image_ok = !use_store || stored.count(r.id) != 0;
+        if (rec.status == "done" && !image_ok) {
+          spdlog::warn("request {}: recorded done, but the HDF5 store holds no complete data for it; it runs again",
+                       r.id);
+        }
+        if (rec.status == "done" && image_ok && m.png) {
+          const std::string why = pipelines::png_incomplete((images_ / (r.id + ".png")).string());
+          if (!why.empty()) {
+            spdlog::warn("request {}: recorded done, but {} is incomplete ({}); it runs again", r.id,
+                         (images_ / (r.id + ".png")).string(), why);
+            image_ok = false;
+          }
+        }
         if ((rec.status == "done" && image_ok) || (rec.status == "failed" && !options_.retry_failed)) {
           ++skipped_;
           continue;
@@ -235,8 +274,7 @@ void JobRun::resume() {
   }
 }
 
-// 4. The pipeline model_index.json names; every request gets its defaults and
-//    is checked once (batching, the store and the loop use the verdict).
+// 3. The pipeline model_index.json names; every request gets its defaults.
 void JobRun::load() {
   const Manifest& m = plan_.manifest;
   parallel::TpContext tp{mesh_->tp_rank(), mesh_->tp_size(), mesh_->tp_size() > 1 ? &mesh_->tp_device() : nullptr};
@@ -252,6 +290,11 @@ void JobRun::load() {
   spdlog::info("loaded {} ({}) in {:.2f} s ({} bytes on this rank)", m.model, pipe_->class_name(), seconds_since(t0),
                pipe_->bytes_loaded());
   for (auto& r : plan_.requests) r.gen = pipe_->with_defaults(r.gen);
+}
+
+// Every request to run is checked once (batching, the store and the loop use
+// the verdict).
+void JobRun::check_requests() {
   for (const JobRequest* r : todo_) {
     try {
       pipe_->check_request(r->gen);
@@ -310,10 +353,44 @@ void JobRun::handle_message(Tag tag, const std::string& payload) {
   if (payload == "interrupted") ++interrupted_replicas_;
 }
 
+// The replica's TP rank 0 writes one request's image (PNG) and store data. A
+// failure of the file system (disk full, quota, read-only) is an IoError
+// naming the path and the errno text: it ends the job, the log stays whole.
+void JobRun::write_outputs(const JobRequest& req, const pipelines::GenerationResult& res, ResultRecord& rec) {
+  const Manifest& m = plan_.manifest;
+  const auto td = Clock::now();
+  if (m.png) {
+    rec.path = "images/" + req.id + ".png";
+    const std::string path = (out_dir_ / rec.path).string();
+    errno = 0;
+    try {
+      pipelines::write_png(path, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
+                           png_text(req));
+    } catch (const CheckpointError& e) {  // libpng and the temporary file report I/O failures so
+      const int err = errno;
+      const std::string text = err != 0 ? std::strerror(err) : std::string();
+      std::string what = e.what();
+      if (what.rfind(path + ": ", 0) == 0) what = what.substr(path.size() + 2);
+      throw IoError(fmt::format("cannot write {}: {}{}", path, what,
+                                text.empty() || what.find(text) != std::string::npos ? "" : " (" + text + ")"));
+    }
+  }
+  if (store_) {
+    try {
+      store_->write(req.id, res.rgb, *res.latents);
+    } catch (const CheckpointError& e) {
+      throw IoError(fmt::format("cannot write {} into the HDF5 store {}: {}", req.id, store_->path(), e.what()));
+    }
+    if (!m.png) {
+      rec.path = fs::relative(store_->path(), out_dir_).string() + ":" + (m.hdf5 ? "/images/" : "/latents/") + req.id;
+    }
+  }
+  rec.decode_s = res.times.decode_s + seconds_since(td);
+}
+
 // One unit on this replica: generate, write the images (TP rank 0), and the
 // records to world rank 0.
 void JobRun::run_unit(const Unit& unit) {
-  const Manifest& m = plan_.manifest;
   const bool leader = mesh_->tp_rank() == 0;
   const auto drain = [&] {
     if (rank_ == 0) control_.poll([&](Tag tag, int, const std::string& p) { handle_message(tag, p); });
@@ -345,22 +422,7 @@ void JobRun::run_unit(const Unit& unit) {
         rec.error = res.error;
         continue;
       }
-      if (leader) {
-        const auto td = Clock::now();
-        if (m.png) {
-          rec.path = "images/" + req.id + ".png";
-          pipelines::write_png((out_dir_ / rec.path).string(), res.rgb.data(), static_cast<int>(res.width),
-                               static_cast<int>(res.height), png_text(req));
-        }
-        if (store_) {
-          store_->write(req.id, res.rgb, *res.latents);
-          if (!m.png) {
-            rec.path =
-                fs::relative(store_->path(), out_dir_).string() + ":" + (m.hdf5 ? "/images/" : "/latents/") + req.id;
-          }
-        }
-        rec.decode_s = res.times.decode_s + seconds_since(td);
-      }
+      if (leader) write_outputs(req, res, rec);
       rec.status = "done";
     }
   } catch (const RequestError& e) {
@@ -501,10 +563,36 @@ void install_stop_handlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // A file size limit (ulimit -f) then fails the write with EFBIG, reported
+  // as an I/O error, instead of killing the process mid-record.
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 bool stop_requested() { return g_stop.load() != 0; }
 
-int run_job(Session& session, const RunOptions& options) { return JobRun(session, options).run(); }
+// --status-file: rank 0 writes the exit code every rank returns.
+static void write_status(const RunOptions& o, int rank, int code) {
+  if (o.status_file.empty() || rank != 0) return;
+  const char* state = code == 0 ? "finished" : code == kExitInterrupted ? "interrupted"
+                      : code == kExitSomeFailed ? "finished_with_failures" : "error";
+  try {
+    write_file_atomic(o.status_file,
+                      nlohmann::json{{"exit_code", code}, {"state", state}, {"manifest", o.manifest}}.dump() + "\n");
+  } catch (const Error& e) {
+    spdlog::warn("--status-file: {}", e.what());
+  }
+}
+
+int run_job(Session& session, const RunOptions& options) {
+  int code = 0;
+  try {
+    code = JobRun(session, options).run();
+  } catch (const Error& e) {
+    write_status(options, session.rank(), e.exit_code());
+    throw;
+  }
+  write_status(options, session.rank(), code);
+  return code;
+}
 
 }  // namespace tprun::jobs

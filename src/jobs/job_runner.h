@@ -5,12 +5,18 @@
 //     that the model folder exists) and broadcasts the verdict: a bad input
 //     ends every rank with the same message before any model is loaded and
 //     before anything is written.
-//  2. The mesh: dp replicas x tp groups (tp x dp must equal the world size).
-//  3. Rank 0 reads results.jsonl: requests recorded `done` whose image exists
-//     are skipped, `failed` ones too unless retry_failed; stale temporary
-//     files of a killed run are removed; the log is rewritten without the ids
-//     that run again (no id is ever recorded `done` twice). The list of
-//     requests to run is broadcast.
+//  2. The mesh: dp replicas x tp groups. The output folder must not be the
+//     model folder or inside it; one that exists is locked by rank 0 now
+//     (OutputLock: a second run on it is refused on every rank, naming the
+//     holder's pid and host) and its results.jsonl read.
+//  3. The model loads. Only then (a run that fails earlier leaves nothing
+//     behind) rank 0 creates the output folder, takes the lock if it has not
+//     yet, and reads results.jsonl: requests recorded `done` whose outputs are
+//     complete (PNG signature to IEND; the HDF5 datasets present in a finished
+//     store file) are skipped, `failed` ones too unless retry_failed; stale
+//     temporary files of a killed run are removed (under the lock only); the
+//     log is rewritten without the ids that run again (no id is ever recorded
+//     `done` twice). The list of requests to run is broadcast.
 //  4. Scheduling: static, by cost. With output.batch_size > 1, requests of one
 //     shape (size, steps, guidance, true CFG, max_sequence_length) are first
 //     grouped in id order into batches of up to batch_size, which the replica
@@ -58,12 +64,17 @@ struct RunOptions {
   // chunks with `tprun merge-results`. A Slurm job array passes
   // --shard slurm (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN of SLURM_ARRAY_TASK_COUNT).
   int shard_index = 0, shard_count = 0;
+  // Rank 0 writes {"exit_code": N, "state": ...} here (atomically) when the
+  // run ends with an exit code every rank shares, so a requeue script reads
+  // tprun's verdict instead of the launcher's exit status ("" = none).
+  std::string status_file;
 };
 
 // Parses "I/N" (0 <= I < N) or "slurm" (from the job array's variables).
 // ConfigError naming --shard.
 void parse_shard(const std::string& text, RunOptions& options);
 
+// Runs the job; writes options.status_file (rank 0) with the exit code.
 int run_job(Session& session, const RunOptions& options);
 
 // Installs the SIGTERM/SIGINT handlers that set the stop flag.

@@ -21,6 +21,7 @@
 
 #include "memory/memory_options.h"
 #include "runtime/error.h"
+#include "runtime/size_string.h"
 
 namespace tprun::jobs {
 namespace fs = std::filesystem;
@@ -46,6 +47,13 @@ struct Doc {
     // A key inside a table the flag set ("--memory layerwise_casting={...}").
     for (const auto& o : overridden) {
       if (key.size() > o.size() && key.compare(0, o.size(), o) == 0 && key[o.size()] == '.') return flag_key(key);
+    }
+    // A table the flag created on the way to its key ("--set a.b.c.d=1"
+    // makes a, a.b, a.b.c; none is in the file): the flag and its full key.
+    if (node.source().begin.line == 0) {
+      for (const auto& o : overridden) {
+        if (o.size() > key.size() && o.compare(0, key.size(), key) == 0 && o[key.size()] == '.') return flag_key(o);
+      }
     }
     return fmt::format("{}:{}: {}", path, node.source().begin.line, key);
   }
@@ -124,8 +132,70 @@ const toml::table& as_table(const Doc& doc, const std::string& key, const toml::
   return *n.as_table();
 }
 
-// The [memory] table (memory/memory_options.h). A key of a feature not built
-// yet is refused, never accepted and ignored.
+// memory.offload: "model" | "sequential" | { type, blocks_per_group, to, disk_path, prefetch }.
+void walk_offload(const Doc& doc, const std::string& key, const toml::node& v, memory::OffloadOptions& o) {
+  o = memory::OffloadOptions{};
+  if (v.is_string()) {
+    const std::string s = v.as_string()->get();
+    if (s == "model") {
+      o.type = "model_level";
+    } else if (s == "sequential") {
+      o.type = "leaf_level";
+    } else {
+      doc.fail(key, v, fmt::format("'{}' is not \"model\" or \"sequential\" (or a table: {{ type = \"block_level\", "
+                                   "blocks_per_group = 1, to = \"disk\", disk_path = \"...\", prefetch = true }})",
+                                   s));
+    }
+    return;
+  }
+  if (!v.is_table()) doc.fail(key, v, fmt::format("must be \"model\", \"sequential\" or a table, found {}", type_name(v)));
+  walk(doc, *v.as_table(), key + ".",
+       {{"type", [&](const Reader& r, const std::string& f, const toml::node& n) {
+           o.type = r.str(f, n);
+           const auto& ok = memory::offload_types();
+           if (std::find(ok.begin(), ok.end(), o.type) == ok.end()) {
+             doc.fail(r.key(f), n, fmt::format("'{}' is not one of {}", o.type, fmt::join(ok, ", ")));
+           }
+         }},
+        {"blocks_per_group", [&](const Reader& r, const std::string& f, const toml::node& n) {
+           o.blocks_per_group = r.integer(f, n, 1, memory::kMaxBlocksPerGroup);
+         }},
+        {"to", [&](const Reader& r, const std::string& f, const toml::node& n) {
+           o.to = r.str(f, n);
+           if (o.to != "cpu" && o.to != "disk") doc.fail(r.key(f), n, fmt::format("'{}' is not \"cpu\" or \"disk\"", o.to));
+         }},
+        {"disk_path", [&](const Reader& r, const std::string& f, const toml::node& n) {
+           o.disk_path = r.str(f, n);
+           if (o.disk_path.empty()) doc.fail(r.key(f), n, "must name a folder");
+         }},
+        {"prefetch", [&](const Reader& r, const std::string& f, const toml::node& n) { o.prefetch = r.boolean(f, n); }}});
+  if (o.type.empty()) doc.fail(key + ".type", v, "required key is missing (block_level, leaf_level or model_level)");
+  if (o.to == "disk" && o.disk_path.empty()) doc.fail(key + ".disk_path", v, "required when to = \"disk\"");
+  if (o.to != "disk" && !o.disk_path.empty()) doc.fail(key + ".disk_path", v, "only with to = \"disk\"");
+}
+
+// memory.device_map as a table; dotted keys written bare in TOML
+// (transformer.single_transformer_blocks.1 = "cpu") arrive as nested tables.
+void flatten_device_map(const Doc& doc, const std::string& key, const std::string& prefix, const toml::table& t,
+                        std::vector<memory::DevicePlacement>& out) {
+  for (const auto& [k, node] : t) {
+    const std::string name = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (node.is_table()) {
+      flatten_device_map(doc, key, name, *node.as_table(), out);
+      continue;
+    }
+    if (!node.is_string()) doc.fail(key + "." + name, node, fmt::format("must be a device string, found {}", type_name(node)));
+    const std::string dev = node.as_string()->get();
+    if (!memory::device_map_target(dev)) {
+      doc.fail(key + "." + name, node,
+               fmt::format("'{}' is not a device (\"cpu\", \"disk\", an accelerator index \"0\" or \"cuda:0\")", dev));
+    }
+    if (out.size() >= memory::kMaxDeviceMapEntries) doc.fail(key, node, "has too many entries");
+    out.emplace_back(name, dev);
+  }
+}
+
+// The [memory] table (memory/memory_options.h).
 void walk_memory(const Doc& doc, const toml::table& table, memory::MemoryOptions& mo) {
   std::map<std::string, Handler> handlers = {
       {"vae_slicing", [&](const Reader& r, const std::string& f, const toml::node& v) { mo.vae_slicing = r.boolean(f, v); }},
@@ -175,17 +245,54 @@ void walk_memory(const Doc& doc, const toml::table& table, memory::MemoryOptions
                 }}});
          if (!have_storage) doc.fail(key + ".storage", v, "required key is missing");
        }}};
-  std::vector<std::string> built;
-  for (const auto& key : memory::memory_keys()) {
-    if (memory::memory_key_built(key)) {
-      built.push_back(key);
-      continue;
+  handlers["offload"] = [&](const Reader& r, const std::string& f, const toml::node& v) {
+    walk_offload(doc, r.key(f), v, mo.offload);
+  };
+  handlers["offload_folder"] = [&](const Reader& r, const std::string& f, const toml::node& v) {
+    mo.offload_folder = r.str(f, v);
+    if (mo.offload_folder.empty()) doc.fail(r.key(f), v, "must name a folder");
+  };
+  handlers["device_map"] = [&](const Reader& r, const std::string& f, const toml::node& v) {
+    const std::string key = r.key(f);
+    mo.device_map_strategy.clear();
+    mo.device_map.clear();
+    if (v.is_string()) {
+      if (v.as_string()->get() != "balanced") {
+        doc.fail(key, v, fmt::format("'{}' is not a strategy tprun has (\"balanced\", or a table of module = device)",
+                                     v.as_string()->get()));
+      }
+      mo.device_map_strategy = "balanced";
+      return;
     }
-    handlers[key] = [&doc, &built](const Reader& r, const std::string& f, const toml::node& v) {
-      doc.fail(r.key(f), v,
-               fmt::format("not built yet in this version of tprun (built memory features: {})", fmt::join(built, ", ")));
-    };
-  }
+    if (!v.is_table()) doc.fail(key, v, fmt::format("must be \"balanced\" or a table, found {}", type_name(v)));
+    flatten_device_map(doc, key, "", *v.as_table(), mo.device_map);
+    if (mo.device_map.empty()) doc.fail(key, v, "is an empty table");
+  };
+  handlers["max_memory"] = [&](const Reader& r, const std::string& f, const toml::node& v) {
+    const std::string key = r.key(f);
+    const toml::table& t = as_table(doc, key, v);
+    mo.max_memory.clear();
+    for (const auto& [k, node] : t) {
+      const std::string dev(k.str());
+      const std::string at = key + "." + dev;
+      if (!memory::device_map_target(dev) || dev == "disk") {
+        doc.fail(at, node, "a device is \"cpu\", an accelerator index (\"0\") or \"cuda:0\"");
+      }
+      uint64_t bytes = 0;
+      if (node.is_integer() && node.as_integer()->get() >= 0) {
+        bytes = static_cast<uint64_t>(node.as_integer()->get());
+      } else if (node.is_string()) {
+        try {
+          bytes = parse_size(node.as_string()->get(), at);
+        } catch (const Error& e) {
+          doc.fail(at, node, e.what());
+        }
+      } else {
+        doc.fail(at, node, fmt::format("must be a size (\"20GB\", \"512MiB\") or bytes, found {}", type_name(node)));
+      }
+      mo.max_memory.emplace_back(dev, bytes);
+    }
+  };
   walk(doc, table, "memory.", handlers);
 }
 

@@ -12,7 +12,7 @@
 //               shard_text_encoders (unset: the pipeline's choice), shard_modulation = false
 //   [memory]    vae_slicing, vae_tiling, vae_tile_sample_size, vae_tile_overlap, attention_chunk,
 //               layerwise_casting = { storage = "float8_e4m3fn" | "float8_e5m2", skip = [regexes] }
-//               (memory/memory_options.h; the features not built yet are refused by name)
+//               (memory/memory_options.h)
 //   [defaults]  height, width, steps, guidance, true_cfg_scale, negative_prompt,
 //               max_sequence_length (each: the pipeline's default when unset; FluxPipeline:
 //               1024, 1024, 28, 3.5, 1.0, none, 512), seed = 0 (the base seed)

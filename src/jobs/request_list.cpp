@@ -1,5 +1,10 @@
 #include "jobs/request_list.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <unordered_map>
 
@@ -57,22 +62,22 @@ JobRequest parse_request_line(const std::string& text, const std::string& file, 
   bool have_prompt = false;
   bool negative_given = false;
   auto integer = [&](const std::string& k, const nlohmann::json& v, int64_t lo, int64_t hi) {
-    if (!v.is_number_integer()) fail(file, line, k, fmt::format("must be an integer, found {}", v.dump()));
+    if (!v.is_number_integer()) fail(file, line, k, fmt::format("must be an integer, found {}", clip_text(v.dump())));
     if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-      fail(file, line, k, fmt::format("{} is outside [{}, {}]", v.dump(), lo, hi));
+      fail(file, line, k, fmt::format("{} is outside [{}, {}]", clip_text(v.dump()), lo, hi));
     }
     const int64_t x = v.get<int64_t>();
     if (x < lo || x > hi) fail(file, line, k, fmt::format("{} is outside [{}, {}]", x, lo, hi));
     return x;
   };
   auto number = [&](const std::string& k, const nlohmann::json& v, double lo, double hi) {
-    if (!v.is_number()) fail(file, line, k, fmt::format("must be a number, found {}", v.dump()));
+    if (!v.is_number()) fail(file, line, k, fmt::format("must be a number, found {}", clip_text(v.dump())));
     const double x = v.get<double>();
     if (!(x >= lo && x <= hi)) fail(file, line, k, fmt::format("{} is outside [{}, {}]", x, lo, hi));
     return x;
   };
   auto string = [&](const std::string& k, const nlohmann::json& v) {
-    if (!v.is_string()) fail(file, line, k, fmt::format("must be a string, found {}", v.dump()));
+    if (!v.is_string()) fail(file, line, k, fmt::format("must be a string, found {}", clip_text(v.dump())));
     return v.get<std::string>();
   };
   for (const auto& [k, v] : j.items()) {
@@ -82,12 +87,12 @@ JobRequest parse_request_line(const std::string& text, const std::string& file, 
       } else if (v.is_string()) {
         r.id = v.get<std::string>();
       } else {
-        fail(file, line, k, fmt::format("must be a string or a non-negative integer, found {}", v.dump()));
+        fail(file, line, k, fmt::format("must be a string or a non-negative integer, found {}", clip_text(v.dump())));
       }
       if (!valid_id(r.id)) {
         fail(file, line, k,
              fmt::format("'{}' is not a valid id (letters, digits, '.', '_', '-'; at most 128; not starting with '.')",
-                         r.id));
+                         clip_text(r.id)));
       }
     } else if (k == "prompt") {
       g.prompt = string(k, v);
@@ -110,12 +115,12 @@ JobRequest parse_request_line(const std::string& text, const std::string& file, 
       g.max_sequence_length = integer(k, v, 1, 512);
     } else if (k == "seed") {
       if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
-        fail(file, line, k, fmt::format("must be a non-negative integer, found {}", v.dump()));
+        fail(file, line, k, fmt::format("must be a non-negative integer, found {}", clip_text(v.dump())));
       }
       g.seed = v.get<uint64_t>();
       r.seed_given = true;
     } else {
-      fail(file, line, k,
+      fail(file, line, clip_text(k),
            "unknown field (known: id, prompt, negative_prompt, height, width, steps, guidance, true_cfg_scale, "
            "max_sequence_length, seed)");
     }
@@ -129,6 +134,31 @@ JobRequest parse_request_line(const std::string& text, const std::string& file, 
   return r;
 }
 
+void check_requests_file(const std::string& manifest, const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      throw ConfigError(fmt::format("{}: requests: {}: no such file", manifest, path), true);
+    }
+    throw ConfigError(fmt::format("{}: requests: {}: {}", manifest, path, std::strerror(errno)), true);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    throw ConfigError(fmt::format("{}: requests: {} is a directory, not a JSONL file", manifest, path), true);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    const char* what = S_ISCHR(st.st_mode)    ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISFIFO(st.st_mode) ? "a pipe"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a regular file";
+    throw ConfigError(
+        fmt::format("{}: requests: {} is not a regular file ({}); give a JSONL file", manifest, path, what), true);
+  }
+  if (::access(path.c_str(), R_OK) != 0) {
+    throw ConfigError(fmt::format("{}: requests: {}: cannot read: {}", manifest, path, std::strerror(errno)), true);
+  }
+}
+
 std::vector<JobRequest> read_requests(const std::string& path, const pipelines::GenerationRequest& defaults) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot open the requests file", path), true);
@@ -136,14 +166,29 @@ std::vector<JobRequest> read_requests(const std::string& path, const pipelines::
   std::unordered_map<std::string, int64_t> first_line;
   std::string text;
   int64_t line = 0;
-  while (std::getline(in, text)) {
+  // Lines are read with a bound: one over kMaxRequestLine bytes is an error,
+  // never a read of the whole file into one string.
+  while (in) {
+    text.clear();
+    char c = 0;
+    bool any = false;
+    while (in.get(c)) {
+      any = true;
+      if (c == '\n') break;
+      if (text.size() >= kMaxRequestLine) {
+        fail(path, line + 1, "json", fmt::format("the line is longer than {} bytes", kMaxRequestLine));
+      }
+      text.push_back(c);
+    }
+    if (in.bad()) throw ConfigError(fmt::format("{}: cannot read the requests file after line {}", path, line), true);
+    if (!any) break;
     ++line;
     if (!text.empty() && text.back() == '\r') text.pop_back();
     size_t p = text.find_first_not_of(" \t");
     if (p == std::string::npos || text[p] == '#') continue;
     JobRequest r = parse_request_line(text, path, line, defaults);
     auto [it, fresh] = first_line.emplace(r.id, line);
-    if (!fresh) fail(path, line, "id", fmt::format("'{}' is used twice (first on line {})", r.id, it->second));
+    if (!fresh) fail(path, line, "id", fmt::format("'{}' is used twice (first on line {})", clip_text(r.id), it->second));
     out.push_back(std::move(r));
   }
   if (out.empty()) throw ConfigError(fmt::format("{}: the requests file holds no request", path), true);

@@ -36,7 +36,16 @@ struct JobRequest {
 // readers holding numbers as doubles read it exactly.
 uint64_t derive_seed(uint64_t base_seed, const std::string& id);
 
-// ConfigError "<file>:<line>: <field>: ..." for the first bad line.
+// The longest line read_requests accepts (bytes).
+constexpr size_t kMaxRequestLine = size_t{1} << 20;
+
+// The manifest's `requests` path names a readable regular file: ConfigError
+// "<manifest>: requests: <path>: no such file" / "is a directory" / "is not a
+// regular file (a character device)" otherwise (so /dev/zero is never read).
+void check_requests_file(const std::string& manifest, const std::string& path);
+
+// ConfigError "<file>:<line>: <field>: ..." for the first bad line (values and
+// ids in messages are cut to 64 characters).
 std::vector<JobRequest> read_requests(const std::string& path, const pipelines::GenerationRequest& defaults);
 
 // Parses one line (exposed for the fuzz target and tests).

@@ -1,6 +1,7 @@
 #include "jobs/results_log.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,9 +19,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-[[noreturn]] void io_fail(const std::string& what, const std::string& path) {
-  throw Error(Error::Kind::Internal, fmt::format("{} {}: {}", what, path, std::strerror(errno)));
-}
+[[noreturn]] void io_fail(const std::string& what, const std::string& path) { throw_io_error(what, path, errno); }
 
 void write_all(int fd, const std::string& bytes, const std::string& path) {
   size_t off = 0;
@@ -104,30 +103,48 @@ ResultRecord ResultRecord::from_json(const nlohmann::json& j) {
 
 ResultsLog::ResultsLog(std::string dir) : dir_(std::move(dir)), path_((fs::path(dir_) / "results.jsonl").string()) {
   std::ifstream in(path_, std::ios::binary);
-  if (!in) return;
+  if (!in) {
+    if (fs::exists(path_)) io_fail("cannot read", path_);
+    return;
+  }
   std::stringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) io_fail("cannot read", path_);
   const std::string all = ss.str();
   size_t start = 0;
+  int64_t number = 0;
   while (start < all.size()) {
+    ++number;
     const size_t nl = all.find('\n', start);
-    if (nl == std::string::npos) {  // no newline: a writer died mid-line
-      ++torn_;
+    if (nl == std::string::npos) {  // no final newline: a writer died mid-line; the one line it may drop
+      torn_ = 1;
+      torn_text_ = all.substr(start);
       break;
     }
     const std::string line = all.substr(start, nl - start);
     start = nl + 1;
-    if (line.empty()) continue;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    std::string why;
     try {
       const auto j = nlohmann::json::parse(line);
       ResultRecord r = ResultRecord::from_json(j);
-      if (r.status != "done" && r.status != "failed") throw std::runtime_error("bad status");
+      if (r.id.empty()) throw std::runtime_error("\"id\" is empty");
+      if (r.status != "done" && r.status != "failed") {
+        throw std::runtime_error("\"status\" is '" + clip_text(r.status) + "', not done or failed");
+      }
       records_[r.id] = r;
       lines_.push_back(line);
       line_ids_.push_back(r.id);
-    } catch (const std::exception&) {
-      ++torn_;
+      continue;
+    } catch (const std::exception& e) {
+      why = e.what();
     }
+    // A complete line (it ends in a newline) that is no record: not an
+    // interrupted write but someone's text. Leave the file as it is.
+    throw ConfigError(fmt::format("{}:{}: not a result record ({}): '{}'; the file is left as it was: fix or remove "
+                                  "that line, then rerun",
+                                  path_, number, clip_text(why, 120), clip_text(line)),
+                      true);
   }
 }
 
@@ -150,8 +167,20 @@ void ResultsLog::begin(const std::set<std::string>& rerun) {
 
 void ResultsLog::append(const ResultRecord& r) {
   if (fd_ < 0) throw Error(Error::Kind::Internal, "ResultsLog::append before begin");
-  write_all(fd_, r.to_json().dump() + "\n", path_);
-  if (::fdatasync(fd_) != 0) io_fail("cannot flush", path_);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) io_fail("cannot stat", path_);
+  try {
+    write_all(fd_, r.to_json().dump() + "\n", path_);
+    if (::fdatasync(fd_) != 0) io_fail("cannot flush", path_);
+  } catch (const IoError& e) {
+    // Cut the log back to its last complete line: no half record stays.
+    if (::ftruncate(fd_, st.st_size) != 0) {
+      throw IoError(fmt::format("{}; cutting {} back to {} bytes failed too: {}", e.what(), path_, st.st_size,
+                                std::strerror(errno)));
+    }
+    ::fdatasync(fd_);
+    throw;
+  }
   records_[r.id] = r;
 }
 

@@ -4,9 +4,13 @@
 //   {"id", "status": "done"|"failed", "path", "seed", "height", "width",
 //    "steps", "timings": {"encode_s", "denoise_s", "decode_s", "total_s"},
 //    "replica", "error"}
-// On resume the log is read back; a torn last line (a writer killed mid-line)
-// is dropped, and the log is rewritten (temp + rename) without the records of
-// the ids that will run again, so no id is ever recorded `done` twice.
+// On resume the log is read back. Only a torn last line (no final newline: a
+// writer killed mid-line) is dropped; any other line that is no record is a
+// ConfigError naming the file and line, and the file stays as it was. The log
+// is then rewritten (temp + rename) without the records of the ids that will
+// run again, so no id is ever recorded `done` twice. A failed append (disk
+// full, ...) cuts the file back to its last complete line and raises IoError
+// naming the path and the errno text.
 
 #include <cstdint>
 #include <map>
@@ -40,7 +44,9 @@ class ResultsLog {
   ResultsLog& operator=(const ResultsLog&) = delete;
 
   const std::map<std::string, ResultRecord>& records() const { return records_; }
+  // 1 when the file ended in a line without newline (dropped), else 0.
   int64_t torn_lines() const { return torn_; }
+  const std::string& torn_text() const { return torn_text_; }
 
   // Rewrites the log atomically without the records of `rerun` ids, then
   // opens it for appending.
@@ -55,6 +61,7 @@ class ResultsLog {
   std::vector<std::string> lines_;  // intact lines, in order, for the rewrite
   std::vector<std::string> line_ids_;
   int64_t torn_ = 0;
+  std::string torn_text_;
   int fd_ = -1;
 };
 

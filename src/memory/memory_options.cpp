@@ -9,14 +9,24 @@ namespace tprun::memory {
 
 const std::vector<std::string>& memory_keys() {
   static const std::vector<std::string> keys = {
-      "layerwise_casting", "offload",          "device_map",       "max_memory",     "vae_slicing",
-      "vae_tiling",        "vae_tile_sample_size", "vae_tile_overlap", "attention_chunk"};
+      "layerwise_casting", "offload",          "device_map",       "max_memory",       "offload_folder",
+      "vae_slicing",       "vae_tiling",       "vae_tile_sample_size", "vae_tile_overlap", "attention_chunk"};
   return keys;
 }
 
-bool memory_key_built(const std::string& key) {
-  static const std::vector<std::string> unbuilt = {"offload", "device_map", "max_memory"};
-  return std::find(unbuilt.begin(), unbuilt.end(), key) == unbuilt.end();
+const std::vector<std::string>& offload_types() {
+  static const std::vector<std::string> types = {"block_level", "leaf_level", "model_level"};
+  return types;
+}
+
+std::optional<int> device_map_target(const std::string& d) {
+  if (d == "cpu") return -1;
+  if (d == "disk") return -2;
+  const std::string digits = d.rfind("cuda:", 0) == 0 ? d.substr(5) : d;
+  if (digits.empty() || digits.size() > 4) return std::nullopt;
+  for (char c : digits)
+    if (c < '0' || c > '9') return std::nullopt;
+  return std::stoi(digits);
 }
 
 
@@ -42,6 +52,15 @@ std::string describe(const MemoryOptions& m) {
                                               : std::string("diffusers' defaults"),
                              "each model class's own"));
   }
+  if (m.offload.enabled()) {
+    on.push_back(fmt::format("offload ({}{}, to {}{}{})", m.offload.type,
+                             m.offload.type == "block_level" ? fmt::format(" {} per group", m.offload.blocks_per_group)
+                                                             : std::string(),
+                             m.offload.to, m.offload.to == "disk" ? " " + m.offload.disk_path : std::string(),
+                             m.offload.prefetch ? ", prefetch" : ""));
+  }
+  if (!m.device_map_strategy.empty()) on.push_back(fmt::format("device_map {}", m.device_map_strategy));
+  if (!m.device_map.empty()) on.push_back(fmt::format("device_map of {} entries", m.device_map.size()));
   if (on.empty()) return "memory: none";
   return fmt::format("memory: {}", fmt::join(on, ", "));
 }

@@ -60,7 +60,7 @@ void check_input(const at::Tensor& x, const char* name, int64_t channels) {
 
 int64_t VaeConfig::scale_factor() const { return int64_t{1} << (block_out_channels.size() - 1); }
 
-VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path) {
+VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path, const TensorCensus* census) {
   if (!c.is_object()) throw CheckpointError(fmt::format("{}: config must be a JSON object", path));
   VaeConfig v;
   v.cls = config_class(c).empty() ? std::string(AutoencoderKL::kClass) : config_class(c);
@@ -75,10 +75,24 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path)
   }
   v.in_channels = config_positive(c, "in_channels", path, v.in_channels, 64);
   v.out_channels = config_positive(c, "out_channels", path, v.out_channels, 64);
-  v.layers_per_block = config_positive(c, "layers_per_block", path, v.layers_per_block, 64);
+  // The encoder holds layers_per_block resnets per level, the decoder one more
+  // (a checkpoint may hold either part alone).
+  const bool encoder = census == nullptr || census->blocks("encoder.down_blocks") > 0;
+  v.layers_per_block =
+      config_block_count(c, "layers_per_block", path, v.layers_per_block, census,
+                         {encoder ? "encoder.down_blocks.0.resnets" : "decoder.up_blocks.0.resnets"}, 1,
+                         encoder ? 0 : 1, 64);
   v.latent_channels = config_positive(c, "latent_channels", path, v.latent_channels, 4096);
   v.norm_num_groups = config_positive(c, "norm_num_groups", path, v.norm_num_groups, 4096);
   v.block_out_channels = config_int_list_or(c, "block_out_channels", path, v.block_out_channels, 16, 65536);
+  if (census != nullptr) {
+    const int64_t levels = census->blocks(std::vector<std::string>{"encoder.down_blocks", "decoder.up_blocks"});
+    if (static_cast<int64_t>(v.block_out_channels.size()) > levels) {
+      throw CheckpointError(fmt::format("{}: field 'block_out_channels' lists {} levels but {} holds {} "
+                                        "('encoder.down_blocks.<i>' or 'decoder.up_blocks.<i>')",
+                                        path, v.block_out_channels.size(), census->source(), levels));
+    }
+  }
   v.decoder_block_out_channels =
       config_int_list_or(c, "decoder_block_out_channels", path, v.block_out_channels, 16, 65536);
   if (v.decoder_block_out_channels.size() != v.block_out_channels.size()) {
@@ -222,7 +236,8 @@ std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& sou
                                                    const std::string& config_path, const parallel::TpContext&,
                                                    const ModelOptions& options) {
   auto m = std::make_unique<AutoencoderKL>();
-  m->config_ = VaeConfig::from_json(config, config_path);
+  const TensorCensus census = census_of(source);
+  m->config_ = VaeConfig::from_json(config, config_path, &census);
   const VaeConfig& cfg = m->config_;
   const c10::ScalarType requested = checkpoint::parse_compute_dtype(options.dtype, "dtype");
   m->upcast_ = requested != c10::kFloat && cfg.force_upcast;

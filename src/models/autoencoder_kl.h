@@ -40,6 +40,8 @@ class WeightSource;
 
 namespace tprun::models {
 
+class TensorCensus;  // models/model_config.h
+
 struct VaeConfig {
   std::string cls = "AutoencoderKL";  // or "AutoencoderKLFlux2" (flux2 below)
   bool flux2 = false;
@@ -69,7 +71,8 @@ struct VaeConfig {
   // len(block_out_channels), or an act_fn other than silu. Absent optional
   // fields take diffusers' __init__ defaults (AutoencoderKLFlux2's when
   // _class_name says so).
-  static VaeConfig from_json(const nlohmann::json& config, const std::string& config_path);
+  static VaeConfig from_json(const nlohmann::json& config, const std::string& config_path,
+                             const TensorCensus* census = nullptr);
 };
 
 struct VaeWeights;  // vae_blocks.h

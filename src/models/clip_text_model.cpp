@@ -29,15 +29,16 @@ namespace tprun::models {
 
 // ---- config ---------------------------------------------------------------
 
-ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& c, const std::string& path) {
+ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& c, const std::string& path,
+                                         const TensorCensus* census) {
   ClipTextConfig f;
-  auto get = [&](const char* field, int64_t& v) { v = config_positive(c, field, path, v); };
-  get("vocab_size", f.vocab_size);
-  get("hidden_size", f.hidden_size);
-  get("intermediate_size", f.intermediate_size);
-  get("num_hidden_layers", f.layers);
-  get("num_attention_heads", f.heads);
-  get("max_position_embeddings", f.max_positions);
+  f.layers = config_block_count(c, "num_hidden_layers", path, f.layers, census, {"text_model.encoder.layers"}, 1);
+  auto get = [&](const char* field, int64_t& v, int64_t max) { v = config_positive(c, field, path, v, max); };
+  get("vocab_size", f.vocab_size, kMaxConfigVocab);
+  get("hidden_size", f.hidden_size, kMaxConfigWidth);
+  get("intermediate_size", f.intermediate_size, kMaxConfigWidth);
+  get("num_attention_heads", f.heads, kMaxConfigHeads);
+  get("max_position_embeddings", f.max_positions, kMaxConfigVocab);
   if (f.hidden_size % f.heads != 0) {
     throw CheckpointError(fmt::format("{}: hidden_size {} is not a multiple of num_attention_heads {}", path,
                                       f.hidden_size, f.heads));
@@ -109,7 +110,8 @@ std::unique_ptr<ClipTextModel> ClipTextModel::load(checkpoint::WeightSource& sou
                                                    const std::string& config_path, const parallel::TpContext&,
                                                    const ModelOptions& options) {
   auto m = std::make_unique<ClipTextModel>();
-  m->config_ = ClipTextConfig::from_json(config, config_path);
+  const TensorCensus census = census_of(source);
+  m->config_ = ClipTextConfig::from_json(config, config_path, &census);
   const int64_t attention_chunk = nn::checked_attention_chunk(options.memory.attention_chunk);
   auto w = std::make_shared<ClipTextWeights>();
   BuiltModel built = build_model(kClass, source, parallel::TpContext{}, build_options(options),

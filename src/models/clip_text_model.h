@@ -29,6 +29,8 @@ class WeightSource;
 
 namespace tprun::models {
 
+class TensorCensus;  // models/model_config.h
+
 // CLIPTextConfig fields, with transformers' defaults for those a saved config
 // omits. CheckpointError naming the file and field.
 struct ClipTextConfig {
@@ -38,7 +40,8 @@ struct ClipTextConfig {
   double layer_norm_eps = 1e-5;
   int64_t eos_token_id = 49407;
   int64_t head_dim() const { return hidden_size / heads; }
-  static ClipTextConfig from_json(const nlohmann::json& config, const std::string& config_path);
+  static ClipTextConfig from_json(const nlohmann::json& config, const std::string& config_path,
+                                  const TensorCensus* census = nullptr);
 };
 
 struct ClipTextWeights;  // clip_text_model.cpp

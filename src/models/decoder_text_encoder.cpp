@@ -133,13 +133,15 @@ struct TextDefaults {
   double eps, theta;
 };
 
-void parse_text(const json& t, const std::string& path, const TextDefaults& d, DecoderConfig& f) {
-  f.vocab_size = config_positive(t, "vocab_size", path, d.vocab);
-  f.hidden_size = config_positive(t, "hidden_size", path, d.hidden, 1 << 20);
+// `layers`: where the checkpoint keeps the decoder layers (alternative layouts).
+void parse_text(const json& t, const std::string& path, const TextDefaults& d, DecoderConfig& f,
+                const TensorCensus* census, const std::vector<std::string>& layers) {
+  f.layers = config_block_count(t, "num_hidden_layers", path, d.layers, census, layers, 1);
+  f.vocab_size = config_positive(t, "vocab_size", path, d.vocab, kMaxConfigVocab);
+  f.hidden_size = config_positive(t, "hidden_size", path, d.hidden, kMaxConfigWidth);
   f.intermediate_size = config_positive(t, "intermediate_size", path, d.intermediate, 1 << 22);
-  f.layers = config_positive(t, "num_hidden_layers", path, d.layers, 1024);
-  f.heads = config_positive(t, "num_attention_heads", path, d.heads, 4096);
-  f.kv_heads = nullable_positive(t, "num_key_value_heads", path, d.kv_heads, 4096).value_or(f.heads);
+  f.heads = config_positive(t, "num_attention_heads", path, d.heads, kMaxConfigHeads);
+  f.kv_heads = nullable_positive(t, "num_key_value_heads", path, d.kv_heads, kMaxConfigHeads).value_or(f.heads);
   if (f.heads % f.kv_heads != 0) {
     throw CheckpointError(fmt::format("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", path,
                                       f.heads, f.kv_heads));
@@ -150,7 +152,8 @@ void parse_text(const json& t, const std::string& path, const TextDefaults& d, D
   if (f.head_dim < 2 || f.head_dim % 2 != 0) {
     throw CheckpointError(fmt::format("{}: head_dim {} must be even for RoPE", path, f.head_dim));
   }
-  f.max_position_embeddings = config_positive(t, "max_position_embeddings", path, d.max_positions);
+  (void)config_product(path, {{"num_attention_heads", f.heads}, {"head_dim", f.head_dim}}, kMaxConfigWidth);
+  f.max_position_embeddings = config_positive(t, "max_position_embeddings", path, d.max_positions, kMaxConfigVocab);
   f.rms_norm_eps = config_positive_number(t, "rms_norm_eps", path, d.eps, 1.0);
   f.act = config_string_or(t, "hidden_act", path, "silu");
   if (!known_activation(f.act)) {
@@ -159,11 +162,11 @@ void parse_text(const json& t, const std::string& path, const TextDefaults& d, D
   f.rope = parse_rope(t, path, d.theta, f.max_position_embeddings);
 }
 
-void parse_qwen3(const json& c, const std::string& path, DecoderConfig& f) {
+void parse_qwen3(const json& c, const std::string& path, DecoderConfig& f, const TensorCensus* census) {
   f.family = DecoderFamily::Qwen3;
   f.qk_norm = true;
   // Qwen3Config's defaults (Qwen3-8B-like).
-  parse_text(c, path, {151936, 4096, 22016, 32, 32, 32, 128, 32768, 1e-6, 10000.0}, f);
+  parse_text(c, path, {151936, 4096, 22016, 32, 32, 32, 128, 32768, 1e-6, 10000.0}, f, census, {"model.layers"});
   f.attention_bias = config_bool_or(c, "attention_bias", path, false);
   // sliding_window only with use_sliding_window; layer_types, else sliding from max_window_layers on.
   const std::optional<int64_t> window = config_bool_or(c, "use_sliding_window", path, false)
@@ -192,8 +195,10 @@ void parse_qwen3(const json& c, const std::string& path, DecoderConfig& f) {
   }
 }
 
-void parse_mistral3(const json& c, const std::string& path, DecoderConfig& f) {
+void parse_mistral3(const json& c, const std::string& path, DecoderConfig& f, const TensorCensus* census) {
   f.family = DecoderFamily::Mistral3;
+  // save_pretrained's layout or transformers' module names (detect_layout).
+  const std::vector<std::string> layers = {"language_model.model.layers", "model.language_model.layers"};
   f.qk_norm = false;
   f.attention_bias = false;  // MistralAttention's projections never have biases
   std::optional<int64_t> window;
@@ -205,11 +210,11 @@ void parse_mistral3(const json& c, const std::string& path, DecoderConfig& f) {
                                     type));
     }
     // MistralConfig's defaults.
-    parse_text(*t, tpath, {32000, 4096, 14336, 32, 32, 8, std::nullopt, 131072, 1e-6, 10000.0}, f);
+    parse_text(*t, tpath, {32000, 4096, 14336, 32, 32, 8, std::nullopt, 131072, 1e-6, 10000.0}, f, census, layers);
     window = nullable_positive(*t, "sliding_window", tpath, 4096, kMaxConfigDim);
   } else {
     // Mistral3Config without text_config: Mistral-Small-3.1's language model, no sliding window.
-    parse_text(json::object(), path, {131072, 5120, 32768, 40, 32, 8, 128, 131072, 1e-5, 1e9}, f);
+    parse_text(json::object(), path, {131072, 5120, 32768, 40, 32, 8, 128, 131072, 1e-5, 1e9}, f, census, layers);
   }
   f.window.assign(static_cast<size_t>(f.layers), window.value_or(0));
 
@@ -221,9 +226,10 @@ void parse_mistral3(const json& c, const std::string& path, DecoderConfig& f) {
       throw ConfigError(fmt::format("{}: vision_config model_type '{}': tprun knows the tensor names of 'pixtral' only",
                                     vpath, type));
     }
-    v.hidden = config_positive(*vc, "hidden_size", vpath, 1024, 1 << 20);
+    v.hidden = config_positive(*vc, "hidden_size", vpath, 1024, kMaxConfigWidth);
     v.intermediate = config_positive(*vc, "intermediate_size", vpath, 4096, 1 << 22);
-    v.layers = config_positive(*vc, "num_hidden_layers", vpath, 24, 1024);
+    // The vision tower is never run (its tensors are optional): capped, not counted.
+    v.layers = config_positive(*vc, "num_hidden_layers", vpath, 24, kMaxConfigLayers);
     v.channels = config_positive(*vc, "num_channels", vpath, 3, 64);
     if (vc->contains("patch_size") && (*vc)["patch_size"].is_array()) {
       const auto patch = config_int_list_or(*vc, "patch_size", vpath, {}, 2, 4096);
@@ -251,16 +257,16 @@ std::string DecoderConfig::base_prefix() const {
   return layout == Mistral3Layout::Saved ? "language_model.model." : "model.language_model.";
 }
 
-DecoderConfig DecoderConfig::from_json(const json& c, const std::string& path) {
+DecoderConfig DecoderConfig::from_json(const json& c, const std::string& path, const TensorCensus* census) {
   if (!c.is_object()) throw CheckpointError(fmt::format("{}: config must be a JSON object", path));
   DecoderConfig f;
   f.cls = config_class(c);
   const std::string type = config_string_or(c, "model_type", path, "");
   if (f.cls.empty()) f.cls = type == "qwen3" ? kQwen3 : type == "mistral3" ? kMistral3 : "";
   if (f.cls == kQwen3) {
-    parse_qwen3(c, path, f);
+    parse_qwen3(c, path, f, census);
   } else if (f.cls == kMistral3) {
-    parse_mistral3(c, path, f);
+    parse_mistral3(c, path, f, census);
   } else {
     throw ConfigError(fmt::format("{}: class '{}' is not a decoder text encoder tprun runs ({}, {})", path, f.cls,
                                   kQwen3, kMistral3));
@@ -402,7 +408,11 @@ std::unique_ptr<DecoderTextEncoder> DecoderTextEncoder::load(checkpoint::WeightS
                                                              const ModelOptions& options) {
   auto m = std::make_unique<DecoderTextEncoder>();
   DecoderConfig& c = m->config_;
-  c = DecoderConfig::from_json(config, config_path);
+  // A load cut at hidden_layers may come from a checkpoint whose later layers
+  // were deleted: the layer count is then only capped here, and the layers
+  // the cut keeps are checked by the validation like every wanted tensor.
+  const TensorCensus census = census_of(source);
+  c = DecoderConfig::from_json(config, config_path, options.hidden_layers.empty() ? &census : nullptr);
   // Names only (headers): the table is recorded in the layout the checkpoint has.
   if (c.family == DecoderFamily::Mistral3) c.layout = detect_layout(source, c);
   m->hidden_layers_ = options.hidden_layers;

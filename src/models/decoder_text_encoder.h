@@ -72,6 +72,8 @@ class WeightSource;
 
 namespace tprun::models {
 
+class TensorCensus;  // models/model_config.h
+
 // RoPE parameters as transformers 5 standardizes them: `rope_parameters`, or
 // an older config's `rope_scaling` (+ `rope_theta`).
 struct RopeParams {
@@ -125,7 +127,8 @@ struct DecoderConfig {
   // model from text_config, with Mistral3Config's / MistralConfig's defaults
   // for what is absent. Every value checked and bounded (CheckpointError
   // naming the file and field; ConfigError for a rope_type tprun does not run).
-  static DecoderConfig from_json(const nlohmann::json& config, const std::string& config_path);
+  static DecoderConfig from_json(const nlohmann::json& config, const std::string& config_path,
+                                 const TensorCensus* census = nullptr);
 };
 
 struct DecoderWeights;  // decoder_text_encoder.cpp

@@ -27,23 +27,20 @@
 
 namespace tprun::models {
 
-Flux2Config Flux2Config::from_json(const nlohmann::json& c, const std::string& path) {
+Flux2Config Flux2Config::from_json(const nlohmann::json& c, const std::string& path, const TensorCensus* census) {
   Flux2Config f;  // defaults: diffusers' __init__
-  f.heads = config_positive(c, "num_attention_heads", path, f.heads, 4096);
-  f.head_dim = config_positive(c, "attention_head_dim", path, f.head_dim, 4096);
-  auto block_count = [&](const char* field, int64_t fallback) {
-    const int64_t v = config_int_or_null(c, field, path).value_or(fallback);
-    if (v < 0 || v > 1024) {
-      throw CheckpointError(fmt::format("{}: field '{}' = {} is out of range [0, 1024]", path, field, v));
-    }
-    return v;
-  };
-  f.layers = block_count("num_layers", f.layers);
-  f.single_layers = block_count("num_single_layers", f.single_layers);
-  f.in_channels = config_positive(c, "in_channels", path, f.in_channels);
-  f.out_channels = config_positive(c, "out_channels", path, f.in_channels);  // null: in_channels
+  f.layers = config_block_count(c, "num_layers", path, f.layers, census, {"transformer_blocks"});
+  f.single_layers = config_block_count(c, "num_single_layers", path, f.single_layers, census,
+                                       {"single_transformer_blocks"});
+  f.heads = config_positive(c, "num_attention_heads", path, f.heads, kMaxConfigHeads);
+  f.head_dim = config_positive(c, "attention_head_dim", path, f.head_dim, kMaxConfigWidth);
+  (void)config_product(path, {{"num_attention_heads", f.heads}, {"attention_head_dim", f.head_dim}}, kMaxConfigWidth);
+  f.in_channels = config_positive(c, "in_channels", path, f.in_channels, kMaxConfigWidth);
+  f.out_channels = config_positive(c, "out_channels", path, f.in_channels, kMaxConfigWidth);  // null: in_channels
   f.patch = config_positive(c, "patch_size", path, f.patch, 64);
-  f.joint_dim = config_positive(c, "joint_attention_dim", path, f.joint_dim);
+  (void)config_product(path, {{"out_channels", f.out_channels}, {"patch_size", f.patch}, {"patch_size", f.patch}},
+                       kMaxConfigWidth);
+  f.joint_dim = config_positive(c, "joint_attention_dim", path, f.joint_dim, kMaxConfigWidth);
   f.timestep_channels = config_positive(c, "timestep_guidance_channels", path, f.timestep_channels, 65536);
   f.mlp_ratio = config_positive_number(c, "mlp_ratio", path, f.mlp_ratio, 64.0);
   f.rope_theta = config_positive_number(c, "rope_theta", path, f.rope_theta, 1e12);
@@ -76,7 +73,8 @@ std::unique_ptr<Flux2Transformer> Flux2Transformer::load(checkpoint::WeightSourc
                                                          const nlohmann::json& config, const std::string& config_path,
                                                          const parallel::TpContext& tp, const ModelOptions& options) {
   auto m = std::make_unique<Flux2Transformer>();
-  m->config_ = Flux2Config::from_json(config, config_path);
+  const TensorCensus census = census_of(source);
+  m->config_ = Flux2Config::from_json(config, config_path, &census);
   m->tp_ = tp;
   m->shard_modulation_ = options.shard_modulation;
   m->attention_chunk_ = nn::checked_attention_chunk(options.memory.attention_chunk);

@@ -52,6 +52,8 @@ class WeightSource;
 
 namespace tprun::models {
 
+class TensorCensus;  // models/model_config.h
+
 struct Flux2Config {
   int64_t heads = 48, head_dim = 128, layers = 8, single_layers = 48;
   int64_t in_channels = 128, out_channels = 128, patch = 1, joint_dim = 15360;
@@ -67,7 +69,8 @@ struct Flux2Config {
   int64_t mlp_hidden() const { return static_cast<int64_t>(static_cast<double>(inner()) * mlp_ratio); }
   // Defaults as diffusers' __init__; every value checked and bounded
   // (CheckpointError naming the file and field).
-  static Flux2Config from_json(const nlohmann::json& config, const std::string& config_path);
+  static Flux2Config from_json(const nlohmann::json& config, const std::string& config_path,
+                               const TensorCensus* census = nullptr);
 };
 
 struct Flux2Weights;  // flux2_blocks.h

@@ -24,21 +24,22 @@
 
 namespace tprun::models {
 
-FluxConfig FluxConfig::from_json(const nlohmann::json& c, const std::string& path) {
+FluxConfig FluxConfig::from_json(const nlohmann::json& c, const std::string& path, const TensorCensus* census) {
   FluxConfig f;
-  f.heads = config_positive_required(c, "num_attention_heads", path, 4096);
-  f.head_dim = config_positive_required(c, "attention_head_dim", path, 4096);
-  f.layers = config_int(c, "num_layers", path);
-  f.single_layers = config_int(c, "num_single_layers", path);
-  for (const char* field : {"num_layers", "num_single_layers"}) {
-    const int64_t v = config_int(c, field, path);
-    if (v < 0 || v > 1024) throw CheckpointError(fmt::format("{}: field '{}' = {} is out of range [0, 1024]", path, field, v));
-  }
-  f.in_channels = config_positive_required(c, "in_channels", path);
-  f.out_channels = config_positive(c, "out_channels", path, f.in_channels);
+  (void)config_int(c, "num_layers", path);  // both required
+  (void)config_int(c, "num_single_layers", path);
+  f.layers = config_block_count(c, "num_layers", path, 0, census, {"transformer_blocks"});
+  f.single_layers = config_block_count(c, "num_single_layers", path, 0, census, {"single_transformer_blocks"});
+  f.heads = config_positive_required(c, "num_attention_heads", path, kMaxConfigHeads);
+  f.head_dim = config_positive_required(c, "attention_head_dim", path, kMaxConfigWidth);
+  (void)config_product(path, {{"num_attention_heads", f.heads}, {"attention_head_dim", f.head_dim}}, kMaxConfigWidth);
+  f.in_channels = config_positive_required(c, "in_channels", path, kMaxConfigWidth);
+  f.out_channels = config_positive(c, "out_channels", path, f.in_channels, kMaxConfigWidth);
   f.patch = config_positive(c, "patch_size", path, 1, 64);
-  f.joint_dim = config_positive_required(c, "joint_attention_dim", path);
-  f.pooled_dim = config_positive_required(c, "pooled_projection_dim", path);
+  (void)config_product(path, {{"out_channels", f.out_channels}, {"patch_size", f.patch}, {"patch_size", f.patch}},
+                       kMaxConfigWidth);
+  f.joint_dim = config_positive_required(c, "joint_attention_dim", path, kMaxConfigWidth);
+  f.pooled_dim = config_positive_required(c, "pooled_projection_dim", path, kMaxConfigWidth);
   f.guidance = c.contains("guidance_embeds") && c["guidance_embeds"].is_boolean() && c["guidance_embeds"].get<bool>();
   f.axes_dims_rope = config_int_list_or(c, "axes_dims_rope", path, {16, 56, 56}, 8, 4096);  // diffusers' default
   int64_t rope_sum = 0;
@@ -62,7 +63,8 @@ std::unique_ptr<FluxTransformer> FluxTransformer::load(checkpoint::WeightSource&
                                                        const std::string& config_path, const parallel::TpContext& tp,
                                                        const ModelOptions& options) {
   auto m = std::make_unique<FluxTransformer>();
-  m->config_ = FluxConfig::from_json(config, config_path);
+  const TensorCensus census = census_of(source);
+  m->config_ = FluxConfig::from_json(config, config_path, &census);
   m->tp_ = tp;
   m->shard_modulation_ = options.shard_modulation;
   m->attention_chunk_ = nn::checked_attention_chunk(options.memory.attention_chunk);
@@ -136,7 +138,9 @@ at::Tensor FluxTransformer::run(const TensorMap& in, FluxTrace* trace) const {
   record("pos_embed.freqs_sin", *rope.sin);
 
   // AdaLN modulations of every block; with shard_modulation their partial
-  // sums share one AllReduce (silu(temb) is the same for all blocks).
+  // sums share one AllReduce (silu(temb) is the same for all blocks), else
+  // each is computed as its block runs (so an offloaded block's weights
+  // come to the device once per forward).
   const at::Tensor act = nn::silu(temb);
   std::vector<const parallel::ParallelLinear*> mods;
   for (const auto& d : w.doubles) {
@@ -149,20 +153,20 @@ at::Tensor FluxTransformer::run(const TensorMap& in, FluxTrace* trace) const {
     parallel::RowwiseBatch batch;
     for (const auto* l : mods) batch.add(*l, act);
     mod_out = parallel::rowwise_forward(batch);
-  } else {
-    for (const auto* l : mods) mod_out.push_back(l->forward(act));
   }
+  auto modulation = [&](size_t k) { return shard_modulation_ ? mod_out[k] : mods[k]->forward(act); };
 
   size_t mi = 0;
   for (size_t i = 0; i < w.doubles.size(); ++i) {
-    double_block_forward(w.doubles[i], config_.head_dim, mod_out[mi], mod_out[mi + 1], rope, hidden, encoder,
+    double_block_forward(w.doubles[i], config_.head_dim, modulation(mi), modulation(mi + 1), rope, hidden, encoder,
                          attention_chunk_);
     mi += 2;
     record(fmt::format("transformer_blocks.{}.encoder_hidden_states", i), encoder);
     record(fmt::format("transformer_blocks.{}.hidden_states", i), hidden);
   }
   for (size_t i = 0; i < w.singles.size(); ++i) {
-    single_block_forward(w.singles[i], config_.head_dim, mod_out[mi++], rope, hidden, encoder, attention_chunk_);
+    single_block_forward(w.singles[i], config_.head_dim, modulation(mi), rope, hidden, encoder, attention_chunk_);
+    ++mi;
     record(fmt::format("single_transformer_blocks.{}.encoder_hidden_states", i), encoder);
     record(fmt::format("single_transformer_blocks.{}.hidden_states", i), hidden);
   }

@@ -45,6 +45,8 @@ class WeightSource;
 
 namespace tprun::models {
 
+class TensorCensus;  // models/model_config.h
+
 struct FluxConfig {
   int64_t heads = 0, head_dim = 0, layers = 0, single_layers = 0;
   int64_t in_channels = 0, out_channels = 0, patch = 1, joint_dim = 0, pooled_dim = 0;
@@ -53,7 +55,8 @@ struct FluxConfig {
   double rope_theta = 10000.0;
   int64_t inner() const { return heads * head_dim; }
   // CheckpointError naming the file and field.
-  static FluxConfig from_json(const nlohmann::json& config, const std::string& config_path);
+  static FluxConfig from_json(const nlohmann::json& config, const std::string& config_path,
+                              const TensorCensus* census = nullptr);
 };
 
 // Intermediates in execution order, named as the reference's debug file

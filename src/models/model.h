@@ -37,6 +37,9 @@ struct ModelOptions {
   // VAE slicing and tiling, attention in query chunks, fp8 layerwise
   // casting. The families read the fields that concern them.
   memory::MemoryOptions memory;
+  // The pipeline component being loaded ("transformer"), for messages and
+  // device-map entries; "" when a component is loaded alone.
+  std::string component;
 };
 
 class Model {

@@ -1,6 +1,9 @@
 #include "models/model_builder.h"
 
+#include <filesystem>
+#include <map>
 #include <regex>
+#include <set>
 
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
@@ -10,6 +13,8 @@
 #include "checkpoint/safetensors_header.h"
 #include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
+#include "memory/group_offloader.h"
+#include "memory/offload_plan.h"
 #include "models/model_config.h"
 #include "runtime/error.h"
 
@@ -21,6 +26,10 @@ namespace {
 
 // More tensors than any real model has (FLUX.2-dev: ~500, a 70B LLM: ~700).
 constexpr size_t kMaxTensors = 200000;
+// More elements than any real tensor or model has (2^48: 512 TiB in bf16; a
+// 1T-parameter model has 2^40), so that no byte count formed from a table
+// can overflow.
+constexpr int64_t kMaxElements = int64_t{1} << 48;
 
 void check_shape(const std::string& cls, const std::string& name, const std::vector<int64_t>& shape) {
   int64_t elements = 1;
@@ -29,7 +38,7 @@ void check_shape(const std::string& cls, const std::string& name, const std::vec
       throw CheckpointError(fmt::format("{}: tensor '{}' would have dimension {} (from config.json); refusing", cls,
                                         name, d));
     }
-    if (__builtin_mul_overflow(elements, d, &elements) || elements > (INT64_MAX >> 3)) {
+    if (__builtin_mul_overflow(elements, d, &elements) || elements > kMaxElements) {
       throw CheckpointError(fmt::format("{}: tensor '{}' of shape [{}] (from config.json) is too large", cls, name,
                                         fmt::join(shape, ", ")));
     }
@@ -88,6 +97,8 @@ BuildOptions build_options(const ModelOptions& options, const std::vector<std::s
   b.device = options.device;
   b.mode = options.mode;
   b.storage = options.memory.layerwise_storage;
+  b.memory = options.memory;
+  b.component = options.component;
   if (!b.storage.empty()) {
     b.storage_skip = options.memory.layerwise_skip ? *options.memory.layerwise_skip : default_storage_skip_patterns();
     b.storage_skip.insert(b.storage_skip.end(), class_skip.begin(), class_skip.end());
@@ -123,6 +134,115 @@ void ModelBuilder::narrow_storage(const BuildOptions& options) {
   n->compute = checkpoint::parse_compute_dtype(options.dtype, "dtype");
   n->skip = compile_patterns(options.storage_skip);
   narrow_ = std::move(n);
+}
+
+struct ModelBuilder::Placed {
+  struct Entry {
+    int group = -1;
+    size_t index = 0;
+  };
+  std::map<std::string, Entry> entries;
+  std::set<int> reusable;
+  std::vector<int> groups;
+  c10::ScalarType compute = c10::ScalarType::Undefined;
+};
+
+void ModelBuilder::place_weights(const BuildOptions& options, const checkpoint::WeightSource& source) {
+  const memory::MemoryOptions& mem = options.memory;
+  placed_.reset();
+  if (!mem.device_map_strategy.empty()) {
+    throw ConfigError("memory.device_map = \"balanced\" places the components of a pipeline (tprun generate / run); "
+                      "for one component give a table of module = device",
+                      true);
+  }
+  if (!mem.device_map.empty() && tp_.size > 1) {
+    throw ConfigError(fmt::format("memory.device_map cannot be combined with tensor parallelism (tp = {}, "
+                                  "parallel.tp / --tp): TP splits the modules a device map would place; use "
+                                  "memory.offload, which composes with TP, or tp = 1",
+                                  tp_.size),
+                      true);
+  }
+  if (!mem.offload.enabled() && mem.device_map.empty()) return;
+  std::vector<std::string> names;
+  std::vector<const TensorSpec*> specs;
+  for (const auto& t : table_->tensors) {
+    if (t.optional || !wanted(t.name)) continue;
+    names.push_back(t.name);
+    specs.push_back(&t);
+  }
+  const auto placement = memory::place_tensors(names, mem, options.device, options.component);
+  const std::string who = options.component.empty() ? table_->cls : options.component;
+  if (placement.offload_noop) {
+    spdlog::info("{}: memory.offload to \"cpu\": this rank computes on the host, so there is nothing to move "
+                 "(to = \"disk\" is what cuts host memory here)",
+                 who);
+  }
+  // Groups in first-use order, their tensors in load order.
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<size_t>> members;
+  bool disk = false;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto& p = placement.tensors[i];
+    if (p.tier == memory::Tier::Resident) continue;
+    if (!members.count(p.group)) order.push_back(p.group);
+    members[p.group].push_back(i);
+    disk = disk || p.tier == memory::Tier::Disk;
+  }
+  if (order.empty()) return;
+  auto placed = std::make_shared<Placed>();
+  placed->compute = checkpoint::parse_compute_dtype(options.dtype, "dtype");
+  std::string folder, stamp;
+  if (disk) {
+    const bool offload_disk = mem.offload.enabled() && mem.offload.to == "disk";
+    const std::string root = offload_disk ? mem.offload.disk_path
+                                          : (!mem.offload_folder.empty() ? mem.offload_folder : mem.offload.disk_path);
+    const std::string key = offload_disk ? "memory.offload.disk_path" : "memory.offload_folder";
+    if (root.empty()) {
+      throw ConfigError(fmt::format("memory.device_map places weights of {} on \"disk\" but no folder is set: give "
+                                    "memory.offload_folder",
+                                    who),
+                        true);
+    }
+    folder = memory::disk_group_folder(root, source.path(), tp_.rank, tp_.size);
+    memory::check_writable_folder(folder, key);
+    stamp = memory::checkpoint_stamp(source.path());
+  }
+  auto& offloader = memory::GroupOffloader::instance();
+  uint64_t reused_bytes = 0;
+  for (const auto& g : order) {
+    const auto& idx = members[g];
+    memory::GroupSpec spec;
+    spec.label = fmt::format("{} {}", who, g);
+    spec.tier = placement.tensors[idx.front()].tier;
+    spec.device = options.device;
+    spec.prefetch = mem.offload.prefetch;
+    for (size_t i : idx) spec.names.push_back(names[i]);
+    if (spec.tier == memory::Tier::Disk) {
+      std::string what = fmt::format("tprun offload v1\n{}\n{} tp {}/{}\ndtype {} storage {} skip {}\n", stamp,
+                                     table_->cls, tp_.rank, tp_.size, options.dtype, options.storage,
+                                     fmt::join(options.storage_skip, "|"));
+      for (size_t i : idx) {
+        what += fmt::format("{} {} {} {}\n", specs[i]->name, checkpoint::shape_string(specs[i]->shape),
+                            checkpoint::shard_style_name(specs[i]->style), specs[i]->dtype);
+      }
+      spec.fingerprint = memory::stable_hash(what);
+      spec.file = (std::filesystem::path(folder) / memory::disk_group_file(g)).string();
+    }
+    const int id = offloader.add_group(std::move(spec));
+    placed->groups.push_back(id);
+    if (offloader.reusable(id)) {
+      placed->reusable.insert(id);
+      reused_bytes += offloader.group_bytes(id);
+    }
+    for (size_t k = 0; k < idx.size(); ++k) placed->entries[names[idx[k]]] = {id, k};
+  }
+  spdlog::info("{}: {} of {} tensors in {} offload groups{}{}", who, placed->entries.size(), names.size(),
+               order.size(), disk ? fmt::format(" (disk: {})", folder) : std::string(),
+               placed->reusable.empty()
+                   ? std::string()
+                   : fmt::format("; {} groups ({} bytes) reused from disk, not read again", placed->reusable.size(),
+                                 reused_bytes));
+  placed_ = std::move(placed);
 }
 
 ModelBuilder::ModelBuilder(std::string cls) { record_.cls = std::move(cls); }
@@ -163,9 +283,22 @@ const TensorSpec& ModelBuilder::declare(TensorSpec spec) {
 
 parallel::Weight ModelBuilder::load(const TensorSpec& spec) {
   if (recording() || spec.optional || !wanted(spec.name)) return {};
+  const Placed::Entry* placed = nullptr;
+  if (placed_) {
+    auto it = placed_->entries.find(spec.name);
+    if (it != placed_->entries.end()) placed = &it->second;
+  }
+  const c10::ScalarType target =
+      spec.dtype.empty() ? placed_ ? placed_->compute : c10::ScalarType::Undefined
+                         : checkpoint::parse_compute_dtype(spec.dtype, spec.name);
+  if (placed && placed_->reusable.count(placed->group)) {
+    // Its group's file already holds this slice: not read again.
+    return parallel::Weight(spec.name, parallel::offloaded_storage(placed->group, placed->index, target));
+  }
   const auto request = table_->request(spec.name, tp_.rank, tp_.size);
   at::Tensor t = spec.dtype.empty() ? loader_->load(spec.name, request)
                                     : loader_->load_as(spec.name, request, spec.dtype);
+  std::shared_ptr<parallel::WeightStorage> storage;
   if (narrow_ && spec.dtype.empty() && t.scalar_type() == narrow_->compute) {
     const std::string module = module_of(spec.name);
     bool layer = castable_kind(spec.kind);
@@ -177,15 +310,19 @@ parallel::Weight ModelBuilder::load(const TensorSpec& spec) {
       // This slice alone, as it arrives: the full-precision copy is dropped here.
       at::Tensor stored = t.to(narrow_->storage);
       narrowed_from_ += static_cast<uint64_t>(t.nbytes());
-      t = at::Tensor();
-      bytes_stored_ += static_cast<uint64_t>(stored.nbytes());
+      t = stored;
       narrowed_to_ += static_cast<uint64_t>(stored.nbytes());
       ++narrowed_;
-      return parallel::Weight(spec.name, parallel::cast_storage(stored, narrow_->compute));
+      if (!placed) storage = parallel::cast_storage(stored, narrow_->compute);
     }
   }
+  if (placed) {
+    bytes_offloaded_ += static_cast<uint64_t>(t.nbytes());
+    memory::GroupOffloader::instance().put(placed->group, placed->index, t);
+    return parallel::Weight(spec.name, parallel::offloaded_storage(placed->group, placed->index, target));
+  }
   bytes_stored_ += static_cast<uint64_t>(t.nbytes());
-  return parallel::Weight(spec.name, parallel::resident_storage(t));
+  return parallel::Weight(spec.name, storage ? storage : parallel::resident_storage(t));
 }
 
 parallel::ParallelLinear ModelBuilder::linear(const std::string& name, int64_t out, int64_t in, const LinearDecl& d) {
@@ -259,6 +396,7 @@ void ModelBuilder::tp_divides(const std::string& field, int64_t value) {
 
 void ModelBuilder::finish() const {
   if (recording()) return;
+  if (placed_) memory::GroupOffloader::instance().check_complete(placed_->groups);
   if (declared_ != table_->tensors.size()) {
     throw Error(Error::Kind::Internal,
                 fmt::format("{}: the construction declared {} of the table's {} tensors", table_->cls, declared_,
@@ -269,7 +407,18 @@ void ModelBuilder::finish() const {
 ModelTable record_table(const std::string& cls, const std::function<void(ModelBuilder&)>& declare) {
   ModelBuilder b(cls);
   declare(b);
-  return b.take_table();
+  ModelTable table = b.take_table();
+  int64_t total = 0;  // each tensor is at most kMaxElements, so the sum cannot overflow before the check
+  for (const auto& t : table.tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    total += n;
+    if (total > kMaxElements) {
+      throw CheckpointError(fmt::format("{}: the config asks for more than {} elements in all (at '{}'); refusing",
+                                        cls, kMaxElements, t.name));
+    }
+  }
+  return table;
 }
 
 BuiltModel build_model(const std::string& cls, checkpoint::WeightSource& source, const parallel::TpContext& tp,
@@ -291,6 +440,7 @@ BuiltModel build_model(const std::string& cls, checkpoint::WeightSource& source,
   const uint64_t before = loader.bytes_read();
   ModelBuilder b(built.table, loader, tp, options.wanted);
   b.narrow_storage(options);
+  b.place_weights(options, source);
   declare(b);
   b.finish();
   source.close();
@@ -301,6 +451,10 @@ BuiltModel build_model(const std::string& cls, checkpoint::WeightSource& source,
                  "resident weights {} bytes this rank",
                  cls, b.narrowed(), options.storage, b.narrowed_from_bytes(),
                  b.narrowed_to_bytes(), built.bytes_stored);
+  }
+  if (b.bytes_offloaded() > 0) {
+    spdlog::info("{}: {} bytes offloaded off the compute device, {} bytes resident this rank", cls,
+                 b.bytes_offloaded(), built.bytes_stored);
   }
   return built;
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "checkpoint/shard_loader.h"
+#include "memory/memory_options.h"
 #include "models/model.h"
 #include "models/model_table.h"
 #include "parallel/parallel_linear.h"
@@ -95,12 +96,20 @@ class ModelBuilder {
   // skipped (narrow_storage_skipped) or declared to keep a dtype. Patterns
   // compiled here (ConfigError for one that is not a regex).
   void narrow_storage(const BuildOptions& options);
+  // Loading: place the wanted tensors of the table under options.memory's
+  // offload and device map (memory/offload_plan.h) before any is read: the
+  // offloaded ones are kept in groups by memory::GroupOffloader, a disk group
+  // whose file already holds them is not read again. ConfigError naming the
+  // key for a device map entry that names no module, or a disk folder that
+  // cannot be written.
+  void place_weights(const BuildOptions& options, const checkpoint::WeightSource& source);
   // Loading: resident bytes of the weights loaded so far; of them, the
   // tensors kept narrow and the bytes they would take in the compute dtype.
   uint64_t bytes_stored() const { return bytes_stored_; }
   int64_t narrowed() const { return narrowed_; }
   uint64_t narrowed_from_bytes() const { return narrowed_from_; }
   uint64_t narrowed_to_bytes() const { return narrowed_to_; }
+  uint64_t bytes_offloaded() const { return bytes_offloaded_; }
 
   // A Linear `name` (a module; ".weight" [out, in] and, with d.bias,
   // ".bias" [out] are declared).
@@ -138,6 +147,9 @@ class ModelBuilder {
   size_t declared_ = 0;
   struct Narrow;
   std::shared_ptr<const Narrow> narrow_;
+  struct Placed;
+  std::shared_ptr<Placed> placed_;
+  uint64_t bytes_offloaded_ = 0;
   uint64_t bytes_stored_ = 0;
   int64_t narrowed_ = 0;
   uint64_t narrowed_from_ = 0;
@@ -154,6 +166,11 @@ struct BuildOptions {
   // (ECMAScript regexes searched over module names, see narrow_storage_skipped).
   std::string storage;
   std::vector<std::string> storage_skip;
+  // Offload and device map ([memory] offload, device_map with component-
+  // relative entries, offload_folder); `component` names the component in
+  // messages ("transformer"; "" outside a pipeline).
+  memory::MemoryOptions memory;
+  std::string component;
 };
 
 // diffusers' hooks/layerwise_casting.py DEFAULT_SKIP_MODULES_PATTERN.

@@ -1,11 +1,10 @@
 #include "models/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
 
-#include "checkpoint/component_checkpoint.h"
-#include "checkpoint/hdf5_source.h"
 #include "runtime/error.h"
 
 namespace tprun::models {
@@ -40,6 +39,70 @@ int64_t check_positive(int64_t v, const std::string& field, const std::string& p
 }
 
 }  // namespace
+
+TensorCensus::TensorCensus(std::vector<std::string> names, std::string source)
+    : names_(std::move(names)), source_(std::move(source)) {
+  std::sort(names_.begin(), names_.end());
+}
+
+int64_t TensorCensus::blocks(const std::string& prefix) const {
+  const std::string head = prefix + ".";
+  int64_t count = 0;
+  std::string last;
+  // Every name under "<prefix>." is in one run of the sorted list, and the
+  // names of one block index are adjacent within it ("b.1." < "b.10").
+  for (auto it = std::lower_bound(names_.begin(), names_.end(), head);
+       it != names_.end() && it->compare(0, head.size(), head) == 0; ++it) {
+    const size_t end = std::min(it->find('.', head.size()), it->size());
+    if (end == head.size() || it->find_first_not_of("0123456789", head.size()) < end) continue;
+    const std::string index = it->substr(head.size(), end - head.size());
+    if (count > 0 && index == last) continue;
+    last = index;
+    ++count;
+  }
+  return count;
+}
+
+int64_t TensorCensus::blocks(const std::vector<std::string>& prefixes) const {
+  int64_t most = 0;
+  for (const auto& p : prefixes) most = std::max(most, blocks(p));
+  return most;
+}
+
+int64_t config_block_count(const nlohmann::json& c, const std::string& field, const std::string& path,
+                           int64_t fallback, const TensorCensus* census, const std::vector<std::string>& prefixes,
+                           int64_t min, int64_t held_extra, int64_t max) {
+  const int64_t v = config_int_or_null(c, field, path).value_or(fallback);
+  if (census != nullptr && !prefixes.empty()) {
+    const int64_t held = std::max<int64_t>(census->blocks(prefixes) - held_extra, 0);
+    if (v > held) {
+      std::string where = "'" + prefixes.front() + ".<i>'";
+      for (size_t i = 1; i < prefixes.size(); ++i) where += " or '" + prefixes[i] + ".<i>'";
+      throw CheckpointError(fmt::format("{}: field '{}' is {} but {} holds {} such block{} ({}{})", path, field, v,
+                                        census->source(), held, held == 1 ? "" : "s", where,
+                                        held_extra ? fmt::format(", {} more than the field counts", held_extra)
+                                                   : std::string()));
+    }
+  }
+  if (v < min || v > max) {
+    throw CheckpointError(fmt::format("{}: field '{}' = {} is out of range [{}, {}]", path, field, v, min, max));
+  }
+  return v;
+}
+
+int64_t config_product(const std::string& path, const std::vector<std::pair<std::string, int64_t>>& factors,
+                       int64_t max) {
+  int64_t product = 1;
+  bool over = false;
+  for (const auto& f : factors) {
+    if (f.second < 0 || __builtin_mul_overflow(product, f.second, &product) || product > max) over = true;
+    if (over) break;
+  }
+  if (!over) return product;
+  std::string terms;
+  for (const auto& f : factors) terms += fmt::format("{}{} {}", terms.empty() ? "" : " x ", f.first, f.second);
+  throw CheckpointError(fmt::format("{}: {} is more than {} (or not a size); refusing", path, terms, max));
+}
 
 int64_t config_positive(const nlohmann::json& c, const std::string& field, const std::string& path, int64_t fallback,
                         int64_t max) {
@@ -111,16 +174,6 @@ std::string config_class(const nlohmann::json& c) {
     return c["architectures"][0].get<std::string>();
   }
   return "";
-}
-
-nlohmann::json read_component_config(const std::string& path, std::string* config_path) {
-  if (checkpoint::is_hdf5_file(path)) {
-    if (config_path) *config_path = path + " (config attribute)";
-    return checkpoint::hdf5_config(path);
-  }
-  auto ck = checkpoint::ComponentCheckpoint::open(path);
-  if (config_path) *config_path = path + "/config.json";
-  return ck.config();
 }
 
 }  // namespace tprun::models

@@ -37,10 +37,10 @@ std::vector<std::string> model_family_names() {
 }
 
 std::optional<ModelTable> model_table_for(const nlohmann::json& config, const std::string& config_path,
-                                          const ModelOptions& options) {
+                                          const ModelOptions& options, const TensorCensus* census) {
   const ModelFamily* f = find_model_family(config_class(config));
   if (!f) return std::nullopt;
-  return f->table(config, config_path, options);
+  return f->table(config, config_path, options, census);
 }
 
 std::unique_ptr<Model> load_model(checkpoint::WeightSource& source, const nlohmann::json& config,

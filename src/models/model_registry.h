@@ -9,7 +9,8 @@
 // `static ModelTable table_for(const Config&, const ModelOptions&)` and
 // `static std::unique_ptr<M> load(WeightSource&, const nlohmann::json&,
 // const std::string& config_path, const parallel::TpContext&, const ModelOptions&)`,
-// with `static Config Config::from_json(const nlohmann::json&, const std::string&)`
+// with `static Config Config::from_json(const nlohmann::json&, const std::string&,
+// const TensorCensus*)` (block counts checked against the census when there is one)
 // and nothing else names it: inspect, init-model, forward, verify and the
 // pipelines find it here. (The models library is linked whole-archive so the
 // registrations are kept; see src/CMakeLists.txt.)
@@ -30,10 +31,15 @@ class WeightSource;
 
 namespace tprun::models {
 
+class TensorCensus;
+
 struct ModelFamily {
   // Reads the config (checked and bounded: CheckpointError naming file and
-  // field) and records the table without touching a checkpoint.
-  std::function<ModelTable(const nlohmann::json& config, const std::string& config_path, const ModelOptions&)> table;
+  // field; block counts against `census` when not null) and records the
+  // table without touching a checkpoint.
+  std::function<ModelTable(const nlohmann::json& config, const std::string& config_path, const ModelOptions&,
+                           const TensorCensus* census)>
+      table;
   // Validates against `source` before any weight byte is read, then loads
   // this rank's slices.
   std::function<std::unique_ptr<Model>(checkpoint::WeightSource& source, const nlohmann::json& config,
@@ -48,9 +54,10 @@ const ModelFamily* find_model_family(const std::string& cls);
 std::vector<std::string> model_family_names();
 
 // The table of a component's config, or nullopt for a class tprun has no
-// model for.
+// model for. With `census` (the checkpoint's tensor names) the config's block
+// counts are checked against the blocks the checkpoint holds first.
 std::optional<ModelTable> model_table_for(const nlohmann::json& config, const std::string& config_path,
-                                          const ModelOptions& options = {});
+                                          const ModelOptions& options = {}, const TensorCensus* census = nullptr);
 // Loads the component `config` describes. ConfigError naming the class and
 // the known ones when tprun has no model for it.
 std::unique_ptr<Model> load_model(checkpoint::WeightSource& source, const nlohmann::json& config,
@@ -65,9 +72,8 @@ bool register_model_family(const char* cls, ModelFamily family);
 template <class M, class Config>
 ModelFamily model_family() {
   ModelFamily f;
-  f.table = [](const nlohmann::json& config, const std::string& path, const ModelOptions& o) {
-    return M::table_for(Config::from_json(config, path), o);
-  };
+  f.table = [](const nlohmann::json& config, const std::string& path, const ModelOptions& o,
+                const TensorCensus* census) { return M::table_for(Config::from_json(config, path, census), o); };
   f.load = [](checkpoint::WeightSource& source, const nlohmann::json& config, const std::string& path,
               const parallel::TpContext& tp, const ModelOptions& o) -> std::unique_ptr<Model> {
     return M::load(source, config, path, tp, o);

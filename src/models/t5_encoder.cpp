@@ -35,17 +35,18 @@
 
 namespace tprun::models {
 
-T5Config T5Config::from_json(const nlohmann::json& c, const std::string& path) {
+T5Config T5Config::from_json(const nlohmann::json& c, const std::string& path, const TensorCensus* census) {
   T5Config f;
-  auto get = [&](const char* field, int64_t& v) { v = config_positive(c, field, path, v); };
-  get("vocab_size", f.vocab_size);
-  get("d_model", f.d_model);
-  get("d_kv", f.d_kv);
-  get("d_ff", f.d_ff);
-  get("num_layers", f.layers);
-  get("num_heads", f.heads);
-  get("relative_attention_num_buckets", f.num_buckets);
-  get("relative_attention_max_distance", f.max_distance);
+  f.layers = config_block_count(c, "num_layers", path, f.layers, census, {"encoder.block"}, 1);
+  auto get = [&](const char* field, int64_t& v, int64_t max) { v = config_positive(c, field, path, v, max); };
+  get("vocab_size", f.vocab_size, kMaxConfigVocab);
+  get("d_model", f.d_model, kMaxConfigWidth);
+  get("d_kv", f.d_kv, kMaxConfigWidth);
+  get("d_ff", f.d_ff, kMaxConfigWidth);
+  get("num_heads", f.heads, kMaxConfigHeads);
+  (void)config_product(path, {{"num_heads", f.heads}, {"d_kv", f.d_kv}}, kMaxConfigWidth);
+  get("relative_attention_num_buckets", f.num_buckets, 4096);
+  get("relative_attention_max_distance", f.max_distance, kMaxConfigVocab);
   if (f.num_buckets < 4) {
     throw CheckpointError(fmt::format("{}: field 'relative_attention_num_buckets' must be at least 4 for a "
                                       "bidirectional encoder, got {}",
@@ -168,7 +169,8 @@ std::unique_ptr<T5Encoder> T5Encoder::load(checkpoint::WeightSource& source, con
                                            const std::string& config_path, const parallel::TpContext& tp,
                                            const ModelOptions& options) {
   auto m = std::make_unique<T5Encoder>();
-  m->config_ = T5Config::from_json(config, config_path);
+  const TensorCensus census = census_of(source);
+  m->config_ = T5Config::from_json(config, config_path, &census);
   m->tp_ = tp;
   const int64_t attention_chunk = nn::checked_attention_chunk(options.memory.attention_chunk);
   auto w = std::make_shared<T5Weights>();

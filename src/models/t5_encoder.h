@@ -45,6 +45,8 @@ class WeightSource;
 
 namespace tprun::models {
 
+class TensorCensus;  // models/model_config.h
+
 // T5Config fields, with transformers' defaults for those a saved config
 // omits. The activation comes from feed_forward_proj ("gated-ACT" or "ACT";
 // "gated-gelu" means gelu_new), as T5Config does; a stored dense_act_fn is
@@ -56,7 +58,8 @@ struct T5Config {
   std::string act = "relu";
   bool gated = false;
   int64_t inner() const { return heads * d_kv; }
-  static T5Config from_json(const nlohmann::json& config, const std::string& config_path);
+  static T5Config from_json(const nlohmann::json& config, const std::string& config_path,
+                            const TensorCensus* census = nullptr);
 };
 
 // T5Attention._relative_position_bucket on an int64 tensor of key - query

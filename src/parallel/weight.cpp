@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
 
+#include "memory/group_offloader.h"
 #include "runtime/error.h"
 
 namespace tprun::parallel {
@@ -29,7 +30,26 @@ class CastStorage final : public WeightStorage {
   c10::ScalarType compute_;
 };
 
+class OffloadedStorage final : public WeightStorage {
+ public:
+  OffloadedStorage(int group, size_t index, c10::ScalarType compute) : group_(group), index_(index), compute_(compute) {}
+  at::Tensor get() const override {
+    at::Tensor t = memory::GroupOffloader::instance().get(group_, index_);
+    return compute_ == c10::ScalarType::Undefined ? t : t.to(compute_);
+  }
+  uint64_t stored_bytes() const override { return 0; }
+
+ private:
+  int group_;
+  size_t index_;
+  c10::ScalarType compute_;
+};
+
 }  // namespace
+
+std::shared_ptr<WeightStorage> offloaded_storage(int group, size_t index, c10::ScalarType compute) {
+  return std::make_shared<OffloadedStorage>(group, index, compute);
+}
 
 std::shared_ptr<WeightStorage> cast_storage(const at::Tensor& stored, c10::ScalarType compute) {
   return std::make_shared<CastStorage>(stored, compute);

@@ -33,6 +33,11 @@ std::shared_ptr<WeightStorage> resident_storage(const at::Tensor& tensor);
 // compute a fresh `stored.to(compute)` at every get(): the up-cast copy lives
 // only as long as the caller holds it (diffusers' LayerwiseCastingHook).
 std::shared_ptr<WeightStorage> cast_storage(const at::Tensor& stored, c10::ScalarType compute);
+// Tensor `index` of offload group `group` (memory/group_offloader.h): off the
+// compute device between uses, brought in by get() with its group; keeps
+// nothing resident. `compute`: up-cast per use as cast_storage does (fp8
+// storage with offload), or c10::ScalarType::Undefined to hand it as stored.
+std::shared_ptr<WeightStorage> offloaded_storage(int group, size_t index, c10::ScalarType compute);
 
 class Weight {
  public:

@@ -22,6 +22,7 @@
 #include "pipelines/hf_tokenizer.h"
 #include "pipelines/latents.h"
 #include "pipelines/request_checks.h"
+#include "pipelines/request_memory.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
@@ -34,6 +35,7 @@ struct Flux2Pipeline::Impl {
   std::string dtype_name;
   c10::ScalarType dtype = at::kFloat;
   c10::Device device{c10::kCPU};
+  parallel::TpContext tp;
   FlowMatchSchedulerConfig scheduler;
   std::unique_ptr<models::Flux2Transformer> transformer;
   std::unique_ptr<models::DecoderTextEncoder> text_encoder;
@@ -87,6 +89,7 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
   impl->dtype_name = options.dtype;
   impl->dtype = checkpoint::parse_compute_dtype(options.dtype, "dtype");
   impl->device = c10::Device(options.device);
+  impl->tp = tp;
   const auto pf = checkpoint::open_pipeline_folder(folder);
   impl->cls = pf.cls;
   impl->klein = pf.cls == kKleinClass;
@@ -159,14 +162,14 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
 
   {
     auto source = checkpoint::open_weight_source(component(pf, "transformer").path, options.variant);
-    models::ModelOptions o = component_options(options);
+    models::ModelOptions o = component_options(options, "transformer");
     o.shard_modulation = options.shard_modulation;
     impl->transformer = models::Flux2Transformer::load(*source, tconf, tpath, tp, o);
     impl->bytes += impl->transformer->bytes_loaded();
   }
   if (options.text_encoders) {
     auto source = checkpoint::open_weight_source(component(pf, "text_encoder").path, options.variant);
-    models::ModelOptions o = component_options(options);
+    models::ModelOptions o = component_options(options, "text_encoder");
     o.hidden_layers = layers;
     const parallel::TpContext etp = shard_text ? tp : parallel::TpContext{};
     impl->text_encoder = models::DecoderTextEncoder::load(*source, econf, epath, etp, o);
@@ -174,7 +177,7 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
   }
   if (options.decode_on_every_rank || tp.rank == 0) {
     auto source = checkpoint::open_weight_source(component(pf, "vae").path, options.variant);
-    models::ModelOptions o = component_options(options);
+    models::ModelOptions o = component_options(options, "vae");
     o.part = "decoder";
     impl->vae = models::AutoencoderKL::load(*source, vconf, vpath, {}, o);
     impl->bytes += impl->vae->bytes_loaded();
@@ -229,6 +232,7 @@ void Flux2Pipeline::check_request(const GenerationRequest& request) const {
   if (!embeds && !m.text_encoder) {
     throw RequestError(fmt::format("{} was loaded without its text encoder: give prompt_embeds", m.folder), true);
   }
+  need_text_prompts(r);
   need_given_shape(r, "prompt_embeds", {1, -1, m.joint_dim}, "[1, text tokens, joint_attention_dim]");
   need_given_shape(r, "negative_prompt_embeds", {1, -1, m.joint_dim}, "[1, text tokens, joint_attention_dim]");
   need_given_shape(r, "latents", {1, image_seq_len(*r.height, *r.width, m.vae_scale_factor), m.in_channels},
@@ -264,11 +268,23 @@ models::TensorMap Flux2Pipeline::encode_prompt(const std::string& prompt, int64_
 }
 
 std::vector<GenerationResult> Flux2Pipeline::generate_batch(const std::vector<GenerationRequest>& requests,
-                                                            const StepCallback& on_step) const {
+                                                            const StepCallback& on_step) const try {
   if (requests.empty()) return {};
   const std::vector<GenerationRequest> rs = prepare_batch(*this, requests);
   const GenerationRequest& r = rs.front();
   const Impl& m = *impl_;
+  {  // Will it fit? Decided alike on every rank of the TP group (request_memory.h).
+    const auto& c = m.transformer->config();
+    MemoryModel mm;
+    mm.pipeline = m.cls;
+    mm.transformer = {c.heads, c.head_dim, 2 * c.mlp_hidden(), c.mlp_hidden(), m.in_channels, m.joint_dim};
+    mm.tp_size = m.tp.size;
+    mm.attention_chunk = m.transformer->attention_chunk();
+    mm.text_hidden = m.text_encoder ? m.joint_dim / 3 : 0;  // three stacked hidden states
+    mm.weights_bytes = m.bytes;
+    fill_runtime(mm, m.device.str(), m.dtype_name, m.vae.get());
+    check_batch_memory(mm, batch_shape(*this, rs), m.tp, m.device.str());
+  }
   const int64_t batch = static_cast<int64_t>(rs.size());
   const int64_t steps = *r.steps, height = *r.height, width = *r.width;
   const bool cfg = true_cfg(*r.guidance);
@@ -330,6 +346,8 @@ std::vector<GenerationResult> Flux2Pipeline::generate_batch(const std::vector<Ge
     };
   }
   return finish_batch(latents, height, width, steps, m.dtype_name, decode, std::move(times));
+} catch (...) {
+  rethrow_generation_failure(impl_->tp);  // an allocation failure as a request error
 }
 
 std::vector<int64_t> Flux2Pipeline::latent_shape(int64_t height, int64_t width) const {

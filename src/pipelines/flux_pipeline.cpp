@@ -21,6 +21,7 @@
 #include "pipelines/flow_match_scheduler.h"
 #include "pipelines/latents.h"
 #include "pipelines/request_checks.h"
+#include "pipelines/request_memory.h"
 #include "pipelines/t5_tokenizer.h"
 #include "runtime/error.h"
 
@@ -139,14 +140,14 @@ std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, cons
 
   {
     auto source = checkpoint::open_weight_source(component(pf, "transformer").path, options.variant);
-    models::ModelOptions o = component_options(options);
+    models::ModelOptions o = component_options(options, "transformer");
     o.shard_modulation = options.shard_modulation;
     impl->transformer = models::FluxTransformer::load(*source, tconf, tpath, tp, o);
     impl->bytes += impl->transformer->bytes_loaded();
   }
   if (options.text_encoders) {
-    models::ModelOptions o = component_options(options);
     {
+      const models::ModelOptions o = component_options(options, "text_encoder");
       auto source = checkpoint::open_weight_source(component(pf, "text_encoder").path, options.variant);
       impl->clip = models::ClipTextModel::load(*source, cconf, cpath, {}, o);
       impl->bytes += impl->clip->bytes_loaded();
@@ -154,13 +155,14 @@ std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, cons
     {
       auto source = checkpoint::open_weight_source(component(pf, "text_encoder_2").path, options.variant);
       const parallel::TpContext t5tp = options.shard_text_encoders.value_or(false) ? tp : parallel::TpContext{};
+      const models::ModelOptions o = component_options(options, "text_encoder_2");
       impl->t5 = models::T5Encoder::load(*source, t5conf, t5path, t5tp, o);
       impl->bytes += impl->t5->bytes_loaded();
     }
   }
   if (options.decode_on_every_rank || tp.rank == 0) {
     auto source = checkpoint::open_weight_source(component(pf, "vae").path, options.variant);
-    models::ModelOptions o = component_options(options);
+    models::ModelOptions o = component_options(options, "vae");
     o.part = "decoder";
     impl->vae = models::AutoencoderKL::load(*source, vconf, vpath, {}, o);
     impl->bytes += impl->vae->bytes_loaded();
@@ -210,6 +212,7 @@ void FluxPipeline::check_request(const GenerationRequest& request) const {
                                    m.folder),
                        true);
   }
+  need_text_prompts(r);
   need_given_shape(r, "prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
   need_given_shape(r, "pooled_prompt_embeds", {1, c.pooled_dim}, "[1, pooled_projection_dim]");
   need_given_shape(r, "negative_prompt_embeds", {1, -1, c.joint_dim}, "[1, text tokens, joint_attention_dim]");
@@ -252,12 +255,23 @@ models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t
 }
 
 std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<GenerationRequest>& requests,
-                                                           const StepCallback& on_step) const {
+                                                           const StepCallback& on_step) const try {
   if (requests.empty()) return {};
   const std::vector<GenerationRequest> rs = prepare_batch(*this, requests);
   const GenerationRequest& r = rs.front();
   const Impl& m = *impl_;
   const auto& cfg = m.transformer->config();
+  {  // Will it fit? Decided alike on every rank of the TP group (request_memory.h).
+    MemoryModel mm;
+    mm.pipeline = kClass;
+    mm.transformer = {cfg.heads, cfg.head_dim, 4 * cfg.inner(), 4 * cfg.inner(), cfg.in_channels, cfg.joint_dim};
+    mm.tp_size = m.tp.size;
+    mm.attention_chunk = m.transformer->attention_chunk();
+    mm.text_hidden = m.t5 ? m.t5_dim : 0;
+    mm.weights_bytes = m.bytes;
+    fill_runtime(mm, m.device.str(), m.dtype_name, m.vae.get());
+    check_batch_memory(mm, batch_shape(*this, rs), m.tp, m.device.str());
+  }
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(m.device);
   const int64_t batch = static_cast<int64_t>(rs.size());
   StageTimes times;
@@ -340,6 +354,8 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
     };
   }
   return finish_batch(latents, height, width, steps, m.dtype_name, decode, std::move(times));
+} catch (...) {
+  rethrow_generation_failure(impl_->tp);  // an allocation failure as a request error
 }
 
 int64_t FluxPipeline::vae_scale_factor() const { return impl_->vae_scale_factor; }

@@ -6,6 +6,8 @@
 #include <fmt/ranges.h>
 
 #include "checkpoint/pipeline_folder.h"
+#include "memory/offload_plan.h"
+#include "pipelines/device_map.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
@@ -14,6 +16,22 @@ models::ModelOptions component_options(const PipelineOptions& options) {
   models::ModelOptions o = options.component_base;
   o.dtype = options.dtype;
   o.device = options.device;
+  return o;
+}
+
+models::ModelOptions component_options(const PipelineOptions& options, const std::string& component) {
+  models::ModelOptions o = component_options(options);
+  o.component = component;
+  // This component's device-map entries, relative to it.
+  std::vector<memory::DevicePlacement> mine;
+  for (const auto& [name, dev] : o.memory.device_map) {
+    if (name == component) {
+      mine.emplace_back("", dev);
+    } else if (memory::module_encloses(component, name)) {
+      mine.emplace_back(name.substr(component.size() + 1), dev);
+    }
+  }
+  o.memory.device_map = std::move(mine);
   return o;
 }
 namespace {
@@ -89,7 +107,7 @@ std::unique_ptr<Pipeline> load_pipeline(const std::string& folder, const paralle
                                   folder, pf.cls, fmt::join(pipeline_names(), ", ")),
                       true);
   }
-  return it->second(folder, tp, options);
+  return it->second(folder, tp, resolve_device_map(pf, tp, options));
 }
 
 }  // namespace tprun::pipelines

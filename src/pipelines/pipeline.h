@@ -45,6 +45,9 @@ struct PipelineOptions {
 
 // options.component_base with options' dtype and device.
 models::ModelOptions component_options(const PipelineOptions& options);
+// The same for one component ("transformer"): named, with its device-map
+// entries (resolved by load_pipeline) made relative to it.
+models::ModelOptions component_options(const PipelineOptions& options, const std::string& component);
 
 struct StageTimes {
   double encode_s = 0;

@@ -73,6 +73,13 @@ void prepare_text(const PngText& text, const std::string& path, PreparedText& ou
   std::string latin1;
   for (const auto& [key, value] : text) {
     check_keyword(key, path);
+    // libpng measures tEXt and iTXt text with strlen: a NUL would end the
+    // stored text early, and the metadata would disagree with the image.
+    if (value.find('\0') != std::string::npos) {
+      throw RequestError(fmt::format("{}: PNG text '{}' holds a NUL character (at byte {}), which PNG text cannot "
+                                     "carry",
+                                     path, key, value.find('\0')));
+    }
     const std::u32string code_points = decode_utf8(value, fmt::format("{}: PNG text '{}'", path, key));
     png_text t;
     std::memset(&t, 0, sizeof(t));
@@ -268,6 +275,37 @@ PngImage read_png(const std::string& path) {
   png_destroy_read_struct(&png, &info, nullptr);
   std::fclose(file);
   return image;
+}
+
+// ---- completeness (resume) ------------------------------------------------------
+
+std::string png_incomplete(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return fmt::format("cannot open: {}", std::strerror(errno));
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{f};
+  static const unsigned char kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  unsigned char head[8];
+  if (std::fread(head, 1, 8, f) != 8) return "shorter than a PNG signature";
+  if (std::memcmp(head, kSignature, 8) != 0) return "no PNG signature";
+  bool first = true;
+  for (;;) {  // chunks: length (4, big-endian), type (4), data, CRC (4)
+    unsigned char ch[8];
+    if (std::fread(ch, 1, 8, f) != 8) return "truncated: no IEND chunk";
+    const uint32_t length = (uint32_t{ch[0]} << 24) | (uint32_t{ch[1]} << 16) | (uint32_t{ch[2]} << 8) | ch[3];
+    const std::string type(reinterpret_cast<const char*>(ch + 4), 4);
+    if (length > 0x7FFFFFFFu) return fmt::format("chunk '{}' has a bad length", type);
+    if (first && type != "IHDR") return "the first chunk is not IHDR";
+    first = false;
+    if (std::fseek(f, static_cast<long>(length) + 4, SEEK_CUR) != 0) return "truncated inside a chunk";
+    if (type == "IEND") {
+      const long end = std::ftell(f);
+      if (std::fseek(f, 0, SEEK_END) != 0 || std::ftell(f) < end) return "truncated inside the IEND chunk";
+      return "";
+    }
+  }
 }
 
 }  // namespace tprun::pipelines

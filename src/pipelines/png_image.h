@@ -30,4 +30,10 @@ struct PngImage {
 // naming `path` for a missing or malformed file.
 PngImage read_png(const std::string& path);
 
+// Why the PNG file at `path` is not complete ("" when it is): the signature,
+// IHDR first, every chunk's length within the file, an IEND chunk that ends
+// inside the file. Reads the chunk headers only (no decoding). For resume: a
+// truncated or empty image recorded `done` runs again.
+std::string png_incomplete(const std::string& path);
+
 }  // namespace tprun::pipelines

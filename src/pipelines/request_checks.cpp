@@ -23,4 +23,18 @@ void need_given_shape(const GenerationRequest& r, const std::string& name, const
   }
 }
 
+void need_text_prompts(const GenerationRequest& r) {
+  auto check = [](const std::string& text, const char* field) {
+    const size_t nul = text.find('\0');
+    if (nul != std::string::npos) {
+      throw RequestError(fmt::format("{} holds a NUL character (at byte {}); PNG text metadata cannot carry it, so "
+                                     "the prompt is refused rather than stored cut short",
+                                     field, nul),
+                         true);
+    }
+  };
+  check(r.prompt, "prompt");
+  if (r.negative_prompt) check(*r.negative_prompt, "negative_prompt");
+}
+
 }  // namespace tprun::pipelines

@@ -15,4 +15,10 @@ namespace tprun::pipelines {
 void need_given_shape(const GenerationRequest& request, const std::string& name, const std::vector<int64_t>& shape,
                       const std::string& meaning);
 
+// RequestError naming the field and the byte offset when the prompt or the
+// negative prompt holds a NUL character: the text encoders would read it
+// whole but PNG text (tEXt / iTXt as libpng writes them) would end there, so
+// the image's metadata would disagree with what made the image.
+void need_text_prompts(const GenerationRequest& request);
+
 }  // namespace tprun::pipelines

@@ -10,7 +10,7 @@ namespace tprun {
 
 class Error : public std::runtime_error {
  public:
-  enum class Kind { Config, Checkpoint, Comm, Request, Internal };
+  enum class Kind { Config, Checkpoint, Comm, Request, Io, Internal };
 
   // `all_ranks`: every rank of the job detects this same error at the same
   // point (it was computed from values every rank shares, or rank 0 decided and
@@ -58,6 +58,21 @@ class RequestError : public Error {
       : Error(Kind::Request, m, all_ranks) {}
 };
 
+// Writing or reading an output failed in the operating system (disk full,
+// read-only file system, quota, permissions): the message names the path and
+// the errno text ("No space left on device").
+class IoError : public Error {
+ public:
+  explicit IoError(const std::string& m, bool all_ranks = false) : Error(Kind::Io, m, all_ranks) {}
+};
+
+// "<what>: <path>: <strerror(err)>" as an IoError (err: an errno value).
+[[noreturn]] void throw_io_error(const std::string& what, const std::string& path, int err);
+
+// `text` for a message: whole when at most `keep` characters, else its first
+// `keep` characters + "…(N chars)", so a hostile value never floods a log.
+std::string clip_text(const std::string& text, size_t keep = 64);
+
 // Rethrows `e` as the same kind, marked as raised identically on every rank
 // (for file tools whose every rank checks the same input).
 [[noreturn]] void rethrow_on_all_ranks(const Error& e);
@@ -71,6 +86,7 @@ constexpr int kConfig = 3;
 constexpr int kCheckpoint = 4;
 constexpr int kComm = 5;
 constexpr int kRequest = 6;
+constexpr int kIo = 7;
 }  // namespace exit_code
 
 }  // namespace tprun

@@ -1,6 +1,9 @@
 #include "runtime/logging.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <vector>
@@ -11,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/error.h"
+#include "runtime/rank_env.h"
 
 namespace tprun {
 namespace {
@@ -51,6 +55,29 @@ std::string level_from_env() {
 
 }  // namespace
 
+bool console_colour() {
+  const char* term = std::getenv("TERM");
+  return ::isatty(STDERR_FILENO) == 1 && std::getenv("NO_COLOR") == nullptr && term != nullptr &&
+         std::strcmp(term, "dumb") != 0;
+}
+
+void init_launch_logging() noexcept {
+  try {
+    LogOptions o;
+    try {
+      if (auto env = rank_env_from_variables(process_env())) {
+        o.rank = env->rank;
+        o.world = env->world;
+      }
+    } catch (const Error&) {
+      // Inconsistent launcher variables are reported once the session starts.
+    }
+    o.level = level_from_env();
+    init_logging(o);
+  } catch (...) {
+  }
+}
+
 void check_log_level(const std::string& level, const std::string& option) {
   if (!known_level(level)) {
     throw ConfigError(fmt::format(
@@ -68,7 +95,8 @@ void init_logging(const LogOptions& o) {
 
   const std::string pattern = fmt::format("[%Y-%m-%d %H:%M:%S.%e] [r{}/{}] [%^%l%$] %v", o.rank, o.world);
   std::vector<spdlog::sink_ptr> sinks;
-  auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  auto console = std::make_shared<spdlog::sinks::stderr_color_sink_mt>(
+      console_colour() ? spdlog::color_mode::always : spdlog::color_mode::never);
   console->set_level(console_level);
   console->set_pattern(pattern);
   sinks.push_back(console);

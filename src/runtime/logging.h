@@ -4,7 +4,9 @@
 //                     warning and up, so only rank 0 narrates;
 //   file:             every rank at debug (or finer) into <dir>/rank-NNNN.log.
 // Every line carries "[r{rank}/{world}]". Level: --log-level, else the
-// SPDLOG_LEVEL environment variable, else info.
+// SPDLOG_LEVEL environment variable, else info. The level is coloured only
+// when stderr is a terminal (and NO_COLOR is unset, TERM is not "dumb"):
+// never escape codes in a file, a pipe or mpirun's collected output.
 
 #include <string>
 
@@ -19,6 +21,14 @@ struct LogOptions {
 
 // Installs the default logger. Safe to call again (e.g. once the rank is known).
 void init_logging(const LogOptions& options);
+
+// The logger before a command installs its own (an option error, a bad
+// --set): the same prefix, with the rank and world from the launcher's
+// variables (0/1 without a launcher), console only. Never throws.
+void init_launch_logging() noexcept;
+
+// Whether console lines are coloured (see above).
+bool console_colour();
 
 // Validates a level name; throws ConfigError naming `option` otherwise.
 void check_log_level(const std::string& level, const std::string& option);

@@ -3,14 +3,18 @@
 
 usage:
   make_hostile.py corpus OUTDIR   seed corpora: OUTDIR/safetensors/<case> (raw files for
-                                  fuzz_safetensors) and OUTDIR/json_index/<case>.json (index
+                                  fuzz_safetensors), OUTDIR/json_index/<case>.json (index
                                   texts for fuzz_json_index, whose fixed folder is described
-                                  by FUZZ_SHARDS below)
+                                  by FUZZ_SHARDS below) and OUTDIR/model_config/<case>
+                                  (config + tensor names for fuzz_model_config)
   make_hostile.py cli OUTDIR      the hostile cases as files and folders for `tprun inspect`,
                                   plus OUTDIR/cases.tsv: name <TAB> path <TAB> text the error
                                   must contain (a tensor name, or '-' where there is none)
                                   <TAB> extra options of `tprun inspect` ('-' for none);
                                   OUTDIR/valid.safetensors is a good file
+
+Also hostile config.json files (CONFIG_CASES: block counts beyond what the checkpoint holds,
+implausible sizes) beside a checkpoint of tensor names, for every model family.
 
 Standard library only (no numpy, no safetensors): the point is to write what a correct
 writer never would. tests/unit/test_safetensors.cpp builds the same cases in C++.
@@ -112,6 +116,64 @@ INDEX_TEXT_CASES = {
 }
 
 
+# Hostile config.json files beside a checkpoint of one block of each kind (tensor names
+# only: the refusal must come before any shape is compared or byte read).
+# name -> (config, tensor names, text the error must contain)
+FLUX1 = {"_class_name": "FluxTransformer2DModel", "num_attention_heads": 2, "attention_head_dim": 16,
+         "num_layers": 1, "num_single_layers": 1, "in_channels": 16, "joint_attention_dim": 32,
+         "pooled_projection_dim": 32, "axes_dims_rope": [4, 6, 6]}
+FLUX_NAMES = ["transformer_blocks.0.attn.to_q.weight", "single_transformer_blocks.0.proj_out.weight", "x_embedder.weight"]
+T5 = {"architectures": ["T5EncoderModel"], "model_type": "t5", "d_model": 32, "d_kv": 8, "d_ff": 64, "num_heads": 4,
+      "num_layers": 1, "vocab_size": 128}
+CLIP = {"architectures": ["CLIPTextModel"], "model_type": "clip_text_model", "hidden_size": 32,
+        "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1, "vocab_size": 128}
+VAE = {"_class_name": "AutoencoderKL", "block_out_channels": [8, 16], "layers_per_block": 1, "norm_num_groups": 4}
+QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 32, "intermediate_size": 64,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "num_hidden_layers": 1, "vocab_size": 128}
+MISTRAL3 = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+            "text_config": {"model_type": "mistral", "hidden_size": 32, "intermediate_size": 64,
+                            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                            "num_hidden_layers": 1, "vocab_size": 128}}
+
+
+def with_(config, **changes):
+    out = json.loads(json.dumps(config))
+    for k, v in changes.items():
+        if "__" in k:
+            outer, inner = k.split("__")
+            out[outer][inner] = v
+        else:
+            out[k] = v
+    return out
+
+
+CONFIG_CASES = {
+    "config_flux_single_layers_2e9": (with_(FLUX1, num_single_layers=2000000000), FLUX_NAMES,
+                                      "num_single_layers' is 2000000000 but"),
+    "config_flux_layers_1000": (with_(FLUX1, num_layers=1000), FLUX_NAMES, "num_layers' is 1000 but"),
+    "config_flux_heads_2e62": (with_(FLUX1, num_attention_heads=1 << 62), FLUX_NAMES, "num_attention_heads"),
+    "config_flux2_single_layers_2e9": (
+        {"_class_name": "Flux2Transformer2DModel", "num_layers": 1, "num_single_layers": 2000000000},
+        FLUX_NAMES, "num_single_layers' is 2000000000 but"),
+    "config_t5_layers_2e9": (with_(T5, num_layers=2000000000), ["encoder.block.0.layer.0.SelfAttention.q.weight",
+                                                                "shared.weight"], "num_layers' is 2000000000 but"),
+    "config_t5_heads_2e62": (with_(T5, num_heads=1 << 62), ["encoder.block.0.layer.0.SelfAttention.q.weight"],
+                             "num_heads"),
+    "config_clip_layers_2e9": (with_(CLIP, num_hidden_layers=2000000000),
+                               ["text_model.encoder.layers.0.mlp.fc1.weight"], "num_hidden_layers' is 2000000000 but"),
+    "config_vae_layers_per_block": (with_(VAE, layers_per_block=60),
+                                    ["encoder.down_blocks.0.resnets.0.conv1.weight",
+                                     "encoder.down_blocks.1.resnets.0.conv1.weight",
+                                     "decoder.up_blocks.0.resnets.0.conv1.weight",
+                                     "decoder.up_blocks.0.resnets.1.conv1.weight"], "layers_per_block' is 60 but"),
+    "config_qwen3_layers_1000": (with_(QWEN3, num_hidden_layers=1000), ["model.layers.0.mlp.up_proj.weight"],
+                                 "num_hidden_layers' is 1000 but"),
+    "config_mistral3_layers_2e9": (with_(MISTRAL3, text_config__num_hidden_layers=2000000000),
+                                   ["language_model.model.layers.0.mlp.up_proj.weight"],
+                                   "num_hidden_layers' is 2000000000 but"),
+}
+
+
 def write(path, data):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
@@ -126,6 +188,11 @@ def make_corpus(out):
         write(os.path.join(out, "json_index", name + ".json"), json.dumps(idx, indent=1))
     for name, text in INDEX_TEXT_CASES.items():
         write(os.path.join(out, "json_index", name + ".json"), text)
+    # fuzz_model_config: config.json, a line "--", tensor names one per line.
+    valid = {"valid_flux": (FLUX1, FLUX_NAMES), "valid_t5": (T5, ["encoder.block.0.layer.0.SelfAttention.q.weight"]),
+             "valid_mistral3": (MISTRAL3, ["language_model.model.layers.0.mlp.up_proj.weight"])}
+    for name, (config, names, *_) in list(CONFIG_CASES.items()) + list(valid.items()):
+        write(os.path.join(out, "model_config", name), json.dumps(config) + "\n--\n" + "\n".join(names) + "\n")
 
 
 def folder(out, name, files):
@@ -185,6 +252,9 @@ def make_cli(out):
                          "diffusion_pytorch_model.fp16.safetensors": FILE_CASES["truncated_body"][0]}),
                  "diffusion_pytorch_model.fp16.safetensors", "--variant fp16"))
     rows.append(("json_tp2_truncated", os.path.join(out, "truncated_body.safetensors"), "w", "--json --tp 2"))
+    for name, (config, names, needle) in CONFIG_CASES.items():
+        rows.append((name, folder(out, name, {"config.json": json.dumps(config, indent=1),
+                                              "model.safetensors": shard(names)}), needle))
     write(os.path.join(out, "valid.safetensors"), VALID)
     with open(os.path.join(out, "cases.tsv"), "w") as f:
         for row in rows:

@@ -89,6 +89,59 @@ env_sources)
   run 30 env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 "$tprun" env --log-dir '' --threads 1
   [ "$rc" -eq 0 ] && grep -q 'env=RANK/WORLD_SIZE' out && grep -q 'threads=1' out || fail "torchrun variables"
   ;;
+set_messages)
+  # Errors before the session starts (a bad --set) carry the rank prefix, and no colour
+  # escape codes reach output that is not a terminal; --set names the flag and the full key.
+  printf 'model = "%s/none"\nrequests = "%s/r.jsonl"\n' "$work" "$work" >job.toml
+  run 60 "${mpi[@]}" -np 2 "$tprun" run job.toml --set nodot
+  [ "$rc" -ne 0 ] || fail "--set nodot accepted"
+  grep -q $'\x1b\[' out && fail "colour escape codes in non-terminal output"
+  for r in 0 1; do
+    grep -q "\[r$r/2\] \[error\] .*--set 'nodot': expected KEY=VALUE" out || fail "rank $r: no prefixed --set error"
+  done
+  grep -q 'MPI_ABORT' out && fail "a clean, identical error on every rank must not MPI_Abort"
+  run 60 "${mpi[@]}" -np 2 "$tprun" run job.toml --set a.b.c.d=1
+  [ "$rc" -ne 0 ] || fail "--set a.b.c.d=1 accepted"
+  grep -q $'\x1b\[' out && fail "colour escape codes in non-terminal output"
+  [ "$(count '\[r[01]/2\] \[error\] .*--set a\.b\.c\.d: unknown key')" -eq 2 ] || fail "--set and the full key not named by both ranks"
+  grep -q 'job.toml:0' out && fail "a key the flag made is reported at line 0 of the file"
+  ;;
+nul_prompt)
+  # A NUL in a prompt: the request is refused (the PNG metadata could not carry it); a
+  # non-ASCII prompt round-trips into the PNG's text exactly.
+  timeout 120 "$tprun" init-model model --arch flux --preset tiny >/dev/null 2>&1 || fail "init-model"
+  printf 'model = "%s/model"\nrequests = "%s/r.jsonl"\n[defaults]\nheight = 32\nwidth = 32\nsteps = 1\nseed = 3\n[output]\ndir = "%s/o"\n' \
+    "$work" "$work" "$work" >job.toml
+  printf '%s\n' '{"id": "nul", "prompt": "left\u0000right"}' '{"id": "neg", "prompt": "a", "negative_prompt": "b\u0000c", "true_cfg_scale": 2}' \
+    '{"id": "ok", "prompt": "caf\u00e9 \u2615 left right"}' >r.jsonl
+  run 120 "${mpi[@]}" -np 1 "$tprun" run job.toml --progress none
+  [ "$rc" -eq 6 ] || fail "exit $rc, expected 6 (some requests failed)"
+  python3 - "$work/o" <<'PY' >>out 2>&1 || fail "results or PNG text"
+import json, os, struct, sys, zlib
+out = sys.argv[1]
+recs = {r["id"]: r for r in map(json.loads, open(os.path.join(out, "results.jsonl")))}
+for rid, field in (("nul", "prompt"), ("neg", "negative_prompt")):
+    r = recs[rid]
+    assert r["status"] == "failed" and f"{field} holds a NUL character" in r["error"], r
+pngs = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if f.endswith(".png")]
+assert len(pngs) == 1, pngs
+data, pos, text = open(pngs[0], "rb").read(), 8, {}
+while pos < len(data):
+    n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+    body = data[pos + 8:pos + 8 + n]
+    pos += 12 + n
+    if kind == b"tEXt":
+        k, v = body.split(b"\0", 1)
+        text[k.decode()] = v.decode("latin-1")
+    elif kind == b"iTXt":
+        k, rest = body.split(b"\0", 1)
+        rest = rest[2:]                      # compression flag and method
+        rest = rest.split(b"\0", 2)[2]       # language tag, translated keyword
+        text[k.decode()] = rest.decode("utf-8")
+assert text.get("prompt") == "caf\u00e9 \u2615 left right", text
+print("PNG text round-trips:", text["prompt"])
+PY
+  ;;
 *) echo "unknown case $case_name"; exit 2 ;;
 esac
 echo "PASS [$case_name]"

@@ -2,7 +2,9 @@
 # Hostile checkpoints given to `tprun inspect`: a clean refusal, never a crash or a hang.
 # usage: hostile_cli.sh MODE TPRUN [MPIRUN]
 #   single  each case in one process: exit 4 (checkpoint error), exactly one error line,
-#           naming the file (and the tensor, where there is one), no signal, within 30 s
+#           naming the file (and the tensor or config field, where there is one), no signal,
+#           within 30 s; a hostile config.json (config_*) within 2 s more and 64 MB more
+#           peak memory than inspecting a valid file
 #   mpi     under `mpirun --oversubscribe -np 2`: every rank exits non-zero (4, or torn
 #           down by an MPI_Abort that mpirun reports), no signal, within 60 s. One case of
 #           each kind (an mpirun start costs seconds); TPRUN_HOSTILE_ALL=1 runs them all.
@@ -21,10 +23,12 @@ fail() {
   sed 's/^/    | /' "$work/out" | head -n 20
   failures=$((failures + 1))
 }
-# run LIMIT_S CMD...: sets $rc; a run past the limit is a hang.
+# run LIMIT_S CMD...: sets $rc, $secs and $rss_kb (peak); a run past the limit is a hang.
 run() {
   local limit=$1; shift
-  timeout -k 5 "$limit" "$@" </dev/null >"$work/out" 2>&1; rc=$?
+  /usr/bin/time -o "$work/usage" -f '%e %M' timeout -k 5 "$limit" "$@" </dev/null >"$work/out" 2>&1; rc=$?
+  # GNU time passes the exit status on; its last line is "SECONDS MAXRSS_KB".
+  read -r secs rss_kb < <(tail -n 1 "$work/usage") || { secs=0 rss_kb=0; }
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then fail "hung: still running after ${limit}s"; return 1; fi
   return 0
 }
@@ -35,13 +39,14 @@ crashed() {
 # The good files first: without them the refusals below would prove nothing.
 name=valid
 run 30 "$tprun" inspect "$work/cases/valid.safetensors" && { [ "$rc" -eq 0 ] || fail "a valid file: exit $rc"; }
+base_secs=$secs base_rss_kb=$rss_kb
 name=variant_plain
 run 30 "$tprun" inspect "$work/cases/variant_fp16_truncated" && { [ "$rc" -eq 0 ] || fail "plain weights beside a bad fp16 variant: exit $rc"; }
 
 total=0
 mpi_cases="truncated_body huge_header_length header_not_json duplicate_tensor overlapping_offsets
   shape_wraps_128_bits deeply_nested_shape folder_truncated_body index_missing_shard index_orphan_shard
-  pickle_folder variant_fp16_truncated json_tp2_truncated"
+  pickle_folder variant_fp16_truncated json_tp2_truncated config_t5_layers_2e9"
 mpi_cases=$(echo $mpi_cases)
 while IFS=$'\t' read -r name path needle args; do
   total=$((total + 1))
@@ -59,6 +64,10 @@ while IFS=$'\t' read -r name path needle args; do
     grep -aqF -- "$path" <<<"$line" || { fail "the error does not name $path"; continue; }
     if [ "$needle" != "-" ]; then
       grep -aqF -- "$needle" <<<"$line" || { fail "the error does not name '$needle'"; continue; }
+    fi
+    if [[ $name == config_* ]]; then
+      awk "BEGIN{exit !($secs <= $base_secs + 2)}" || { fail "took ${secs}s (a valid file: ${base_secs}s)"; continue; }
+      [ "$rss_kb" -le $((base_rss_kb + 65536)) ] || { fail "peak RSS ${rss_kb} kB (a valid file: ${base_rss_kb} kB)"; continue; }
     fi
     ;;
   mpi)
@@ -86,6 +95,6 @@ while IFS=$'\t' read -r name path needle args; do
   esac
 done <"$work/cases/cases.tsv"
 
-[ "$total" -ge 13 ] || { echo "FAIL: only $total cases ran"; exit 1; }
+[ "$total" -ge 14 ] || { echo "FAIL: only $total cases ran"; exit 1; }
 if [ "$failures" -ne 0 ]; then echo "FAIL: $failures failed checks over $total hostile cases and 2 valid ones ($mode)"; exit 1; fi
 echo "PASS: $total hostile cases ($mode)"

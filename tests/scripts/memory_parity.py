@@ -21,18 +21,14 @@ Cases (one ctest entry each; `memory_parity.py TPRUN MPIRUN CASE`):
                difference against no casting reported and bounded (CAST_TOL, relative to the
                output's largest magnitude); user skip patterns replace diffusers' defaults (the
                class's own patterns stay); `tprun verify --tp 2` with fp8 storage passes.
-  errors       one clear error on every rank, exit 3, nothing written: an unknown key, a key of a
-               feature not built yet, a wrong type, an out-of-range value, a malformed setting,
+  errors       one clear error on every rank, exit 3, nothing written: an unknown key, a wrong type, an out-of-range value, a malformed setting,
                a layerwise_casting skip pattern that is not a regex or an unknown storage dtype,
                and the same keys in a manifest's [memory] table (file:line named).
 """
 import re
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
@@ -41,7 +37,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tprun_harness import Harness  # noqa: E402
+from tprun_harness import Harness, run_cases, transformer_inputs  # noqa: E402
 
 TOL = 1e-4
 EXACT_TOL = 1e-5
@@ -186,30 +182,6 @@ def case_attention(work):
                 for name in ("latents", "image"):
                     diff = (out["chunked"][name] - out["plain"][name]).abs().max().item()
                     H.check(diff <= EXACT_TOL, f"{arch} tp {tp} attention_chunk=7 vs plain {name}: {diff:.3g}")
-
-
-def transformer_inputs(folder, arch):
-    cfg = json.load(open(os.path.join(folder, "transformer", "config.json")))
-    g = torch.Generator().manual_seed(11)
-    h, w, txt = 4, 6, 8
-    inputs = {
-        "hidden_states": torch.randn(1, h * w, cfg["in_channels"], generator=g),
-        "encoder_hidden_states": torch.randn(1, txt, cfg["joint_attention_dim"], generator=g),
-        "timestep": torch.tensor([0.7]),
-    }
-    if arch == "flux":
-        img_ids = torch.zeros(h, w, 3)
-        img_ids[..., 1] = torch.arange(h)[:, None]
-        img_ids[..., 2] = torch.arange(w)[None, :]
-        inputs["img_ids"], inputs["txt_ids"] = img_ids.reshape(h * w, 3), torch.zeros(txt, 3)
-        inputs["pooled_projections"] = torch.randn(1, cfg["pooled_projection_dim"], generator=g)
-    else:  # Flux2Pipeline's ids: (0, row, col, 0) and (0, 0, 0, l)
-        one = torch.arange(1)
-        inputs["img_ids"] = torch.cartesian_prod(one, torch.arange(h), torch.arange(w), one).float()
-        inputs["txt_ids"] = torch.cartesian_prod(one, one, one, torch.arange(txt)).float()
-    if cfg.get("guidance_embeds", arch != "flux"):
-        inputs["guidance"] = torch.tensor([3.5])
-    return {k: v.contiguous() for k, v in inputs.items()}
 
 
 def diffusers_model(folder, arch, comp):
@@ -360,8 +332,6 @@ def case_errors(work):
     base = ["generate", "--model", folder, "--prompt", "x", "--height", "64", "--width", "64", "--steps", "1",
             "--out", os.path.join(work, "never.png")]
     expect_error("unknown key", base + ["--memory", "vae_tilling=true"], "--memory vae_tilling: unknown key")
-    expect_error("not built", base + ["--memory", 'offload={type="block_level"}'],
-                 "--memory offload: not built yet")
     expect_error("wrong type", base + ["--memory", "vae_tiling=3"], "--memory vae_tiling: must be true or false")
     expect_error("range", base + ["--memory", "attention_chunk=-2"], "--memory attention_chunk: -2 is outside")
     expect_error("malformed", base + ["--memory", "vae_tiling"], "expected KEY=VALUE")
@@ -386,8 +356,8 @@ def case_errors(work):
         with open(manifest, "w") as f:
             f.write(f'model = "{folder}"\nrequests = "prompts.jsonl"\n[memory]\nvae_tiling = true\n'
                     f'{line}\n[output]\ndir = "out"\n')
-    write_manifest('offload = { type = "block_level" }')
-    expect_error("manifest not built", ["run", manifest], "job.toml:5: memory.offload: not built yet")
+    write_manifest('attention_chunk = -1')
+    expect_error("manifest range", ["run", manifest], "job.toml:5: memory.attention_chunk: -1 is outside")
     write_manifest('layerwise_casting = { storage = "float8_e4m3fn", skip = ["norm", "(unclosed"] }')
     expect_error("manifest not a regex", ["run", manifest],
                  "job.toml:5: memory.layerwise_casting.skip: '(unclosed' is not a regular expression")
@@ -400,16 +370,8 @@ def case_errors(work):
 def main():
     global H
     H = Harness(sys.argv[1], sys.argv[2])
-    case = sys.argv[3]
-    torch.set_num_threads(2)
-    work = tempfile.mkdtemp(prefix=f"tprun-memory-{case}-")
-    try:
-        {"vae_tiling": case_vae_tiling, "vae_slicing": case_vae_slicing, "attention": case_attention,
-         "layerwise_casting": case_layerwise_casting, "errors": case_errors}[case](work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"{'FAILED' if H.failures else 'OK'}: {H.failures} failure(s)")
-    return 1 if H.failures else 0
+    return run_cases(H, {"vae_tiling": case_vae_tiling, "vae_slicing": case_vae_slicing, "attention": case_attention,
+                            "layerwise_casting": case_layerwise_casting, "errors": case_errors}, "tprun-memory")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """`tprun run` under mpirun: bad inputs, determinism, resume after a killed
-rank, failed requests, SIGTERM.
+rank, failed requests, SIGTERM, and the hostile-run cases of the output folder:
+one run per folder (lock), disk full, resume of incomplete outputs and of a
+results log holding someone's text, requeue after SIGTERM to mpirun itself.
 
 usage: run_job_cases.py TPRUN MPIRUN CASE
-CASE: bad_inputs | determinism | resume_kill | failed_request | sigterm
+CASE: bad_inputs | determinism | resume_kill | failed_request | sigterm | output_lock | disk_full |
+      resume_incomplete | mpirun_sigterm_requeue
 """
 import json
 import os
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +95,12 @@ def bad_inputs(tmp):
     model = tiny_model(tmp)
     good = jsonl(os.path.join(tmp, "good.jsonl"), PROMPTS[:2])
     out = os.path.join(tmp, "out")
+    long_id = "a" * 5000
+    broken = os.path.join(tmp, "broken_model")  # a checkpoint that fails to load: nothing may be written
+    shutil.copytree(model, broken)
+    weights = os.path.join(broken, "transformer", "diffusion_pytorch_model.safetensors")
+    with open(weights, "r+b") as f:
+        f.truncate(os.path.getsize(weights) // 2)
     cases = [
         ("unknown key", manifest(tmp, "a.toml", model, good, out, extra="stepz = 1\n"), "a.toml:14: output.stepz: unknown key"),
         ("wrong type", retyped(manifest(tmp, "b.toml", model, good, out)), "b.toml:9: defaults.steps: must be an integer"),
@@ -102,6 +113,14 @@ def bad_inputs(tmp):
         ("tp x dp", manifest(tmp, "f.toml", model, good, out, tp=1, dp=3), "parallel.tp 1 x parallel.dp 3 must equal the number of ranks 2"),
         ("missing model", manifest(tmp, "g.toml", os.path.join(tmp, "nomodel"), good, out),
          "model: " + os.path.join(tmp, "nomodel") + " is not a pipeline folder"),
+        ("requests a directory", manifest(tmp, "h.toml", model, tmp, out), "requests: " + tmp + " is a directory"),
+        ("requests /dev/zero", manifest(tmp, "i.toml", model, "/dev/zero", out),
+         "requests: /dev/zero is not a regular file (a character device)"),
+        ("5000-char id", manifest(tmp, "j.toml", model, jsonl(os.path.join(tmp, "long.jsonl"), [{"id": long_id, "prompt": "x"}]), out),
+         "'" + "a" * 64 + "\u2026(5000 chars)' is not a valid id"),
+        ("out inside the model", manifest(tmp, "k.toml", model, good, os.path.join(model, "out")),
+         "output.dir: " + os.path.join(model, "out") + " is inside the model folder"),
+        ("bad checkpoint", manifest(tmp, "l.toml", broken, good, out), "checkpoint error"),
     ]
     for name, path, want in cases:
         p = mpirun(2, "run", path, "--progress", "none", check=False)
@@ -112,8 +131,27 @@ def bad_inputs(tmp):
         if not lines:
             print(p.stdout)
             fail(f"{name}: no message containing {want!r}")
-        if os.path.exists(out):
-            fail(f"{name}: the output folder was created")
+        if long_id[:200] in p.stdout:
+            fail(f"{name}: a 5000-character id is echoed whole")
+        for folder in (out, os.path.join(model, "out")):
+            if os.path.exists(folder):
+                fail(f"{name}: the output folder {folder} was created")
+    # tp not dividing the heads fails in the load: no output folder either.
+    p = mpirun(3, "run", manifest(tmp, "m.toml", model, good, out, tp=3), "--progress", "none", check=False)
+    print(f"tp 3: exit {p.returncode}", flush=True)
+    if p.returncode != 3 or "does not divide" not in p.stdout:
+        print(p.stdout)
+        fail(f"tp 3: exit {p.returncode}, expected 3 naming the heads")
+    if os.path.exists(out):
+        fail("tp 3: the output folder was created before the model loaded")
+    # A folder that is not empty and holds no tprun results: a loud warning (the run goes on).
+    foreign = os.path.join(tmp, "thesis")
+    os.makedirs(foreign)
+    write(os.path.join(foreign, "chapter1.tex"), "x")
+    p = mpirun(2, "run", manifest(tmp, "n.toml", model, good, foreign), "--progress", "none")
+    if "IS NOT EMPTY and holds no tprun results" not in p.stdout:
+        print(p.stdout)
+        fail("no warning for a foreign non-empty output folder")
 
 
 def determinism(tmp):
@@ -234,7 +272,8 @@ def sigterm(tmp):
     out = os.path.join(tmp, "out")
     m = manifest(tmp, "job.toml", model, jsonl(os.path.join(tmp, "r.jsonl"), rows), out, tp=2)
     write(m, open(m).read().replace("steps = 2", "steps = 8"))
-    cmd = [MPIRUN, "-np", "2", "--oversubscribe", TPRUN, "run", m, "--progress", "none"]
+    status = os.path.join(tmp, "status.json")
+    cmd = [MPIRUN, "-np", "2", "--oversubscribe", TPRUN, "run", m, "--progress", "none", "--status-file", status]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (os.path.exists(os.path.join(out, "results.jsonl")) and results(out)):
@@ -250,13 +289,268 @@ def sigterm(tmp):
         fail(f"exit code {p.returncode}, expected 75")
     if n >= len(rows):
         fail("the job did not stop early")
-    mpirun(2, "run", m, "--progress", "none")
+    if json.load(open(status)).get("exit_code") != 75:
+        fail(f"status file: {open(status).read()}")
+    mpirun(2, "run", m, "--progress", "none", "--status-file", status)
+    if json.load(open(status)) .get("exit_code") != 0:
+        fail(f"status file after the resume: {open(status).read()}")
     done = [r["id"] for r in results(out) if r["status"] == "done"]
     if sorted(done) != sorted(r["id"] for r in rows):
         fail(f"after resume: {done}")
 
 
+def rank_pids(parent):
+    return subprocess.run(["pgrep", "-f", "-P", str(parent), "tprun"], stdout=subprocess.PIPE, text=True).stdout.split()
+
+
+def wait_for_results(out, n, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(os.path.join(out, "results.jsonl")) and len(results(out)) >= n:
+            return
+        if proc.poll() is not None:
+            print(proc.communicate()[0])
+            fail("the job ended before writing results")
+        time.sleep(0.05)
+    proc.kill()
+    fail("no results appeared")
+
+
+def output_lock(tmp):
+    """Two runs on one folder: the second is refused on every rank, naming the holder, and touches
+    nothing (it used to remove the first's in-flight temporaries); a killed run leaves no stale lock."""
+    model = tiny_model(tmp)
+    rows = PROMPTS + [{"id": f"q{i}", "prompt": f"variation {i} of a garden"} for i in range(8)]
+    out = os.path.join(tmp, "out")
+    m = manifest(tmp, "job.toml", model, jsonl(os.path.join(tmp, "r.jsonl"), rows), out, tp=1)
+    write(m, open(m).read().replace("steps = 2", "steps = 500"))
+    first = subprocess.Popen([MPIRUN, "-np", "1", TPRUN, "run", m, "--progress", "none"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    wait_for_results(out, 1, first)
+    p = mpirun(2, "run", m, "--progress", "none", check=False)
+    holder = rank_pids(first.pid)
+    want = f"output folder {out} in use by pid {holder[0] if holder else '?'} on {os.uname().nodename}"
+    lines = [l for l in p.stdout.splitlines() if want in l]
+    print(f"second run: exit {p.returncode}, {len(lines)} rank(s) named the holder", flush=True)
+    if p.returncode != 3 or len(lines) != 2:
+        print(p.stdout)
+        fail(f"second run on a folder in use: exit {p.returncode}, expected 3 with {want!r} on both ranks")
+    if "removing a temporary file" in p.stdout:
+        fail("the refused run removed temporaries")
+    for pid in rank_pids(first.pid):  # stop it after its current request (exit 75)
+        os.kill(int(pid), signal.SIGTERM)
+    text, _ = first.communicate(timeout=300)
+    if first.returncode != 75:
+        print(text)
+        fail(f"the first run failed (exit {first.returncode}) next to the refused one")
+    for r in results(out):  # nothing of the first run's was removed under it
+        why = r["status"] == "done" and not os.path.exists(os.path.join(out, r["path"]))
+        if why:
+            fail(f"{r['id']}: recorded done, its image is gone")
+    # A run killed outright (SIGKILL, no clean-up) leaves the lock file but no lock: the next run goes.
+    os.remove(os.path.join(out, "results.jsonl"))
+    killed = subprocess.Popen([MPIRUN, "-np", "1", TPRUN, "run", m, "--progress", "none"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    wait_for_results(out, 1, killed)
+    for pid in rank_pids(killed.pid):
+        os.kill(int(pid), signal.SIGKILL)
+    killed.communicate(timeout=60)
+    if not os.path.exists(os.path.join(out, ".tprun.lock")):
+        fail("no lock file in the output folder")
+    mpirun(2, "run", m, "--progress", "none", "--set", "defaults.steps=2")
+    done = sorted(r["id"] for r in results(out) if r["status"] == "done")
+    if done != sorted(r["id"] for r in rows):
+        fail(f"after the killed run: {done}")
+    # Chunks of a job array lock their own folders.
+    for i in range(2):
+        mpirun(1, "run", m, "--progress", "none", "--shard", f"{i}/2", "--set", "defaults.steps=2")
+        if not os.path.exists(os.path.join(out, f"shard-{i}-of-2", ".tprun.lock")):
+            fail(f"chunk {i}: no lock file in its folder")
+
+
+def mount_small_tmpfs(path, size):
+    os.makedirs(path, exist_ok=True)
+    return os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                                                stderr=subprocess.DEVNULL).returncode == 0
+
+
+def disk_full(tmp):
+    """Disk full while writing: an I/O error (exit 7) naming the path and the errno text, a log whose
+    every line is a whole record, no temporaries; freeing space and rerunning finishes the job.
+    `generate --out` into a full (or unwritable) folder fails before any compute."""
+    model = tiny_model(tmp)
+    rows = PROMPTS + [{"id": f"q{i}", "prompt": f"variation {i}"} for i in range(8)]
+    small = os.path.join(tmp, "small")
+    mounted = mount_small_tmpfs(small, "256k")
+    limit = None
+    if mounted:
+        reason = "No space left on device"
+        filler = os.path.join(small, "filler")
+        with open(filler, "wb") as f:  # leave about 20 kB
+            st = os.statvfs(small)
+            f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - 20 * 1024))
+    else:  # not root: a file size limit (tprun ignores SIGXFSZ, so writes fail with EFBIG)
+        print("cannot mount a tmpfs here: using RLIMIT_FSIZE", flush=True)
+        reason, filler, limit = "File too large", None, 1500
+    try:
+        out = os.path.join(small, "out")
+        m = manifest(tmp, "job.toml", model, jsonl(os.path.join(tmp, "r.jsonl"), rows), out, tp=1)
+
+        def limited():
+            if limit:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+        cmd = [MPIRUN, "-np", "1", TPRUN, "run", m, "--progress", "none"]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                           preexec_fn=limited)
+        errors = [l for l in p.stdout.splitlines() if "I/O error" in l]
+        print(f"full disk: exit {p.returncode}; {errors[:1]}", flush=True)
+        if p.returncode != 7 or not errors or reason not in errors[0] or out not in errors[0]:
+            print(p.stdout)
+            fail(f"exit {p.returncode}: expected 7 with an I/O error naming a path under {out} and {reason!r}")
+        log = os.path.join(out, "results.jsonl")
+        if os.path.exists(log):
+            data = open(log).read()
+            if data and not data.endswith("\n"):
+                fail("a half-written record stays in results.jsonl")
+            before = [json.loads(l) for l in data.splitlines() if l.strip()]
+            print(f"{len(before)} whole record(s) before the failure", flush=True)
+            if len(before) >= len(rows):
+                fail("the disk never filled up; make the tmpfs smaller")
+        for d in (out, os.path.join(out, "images")):
+            stray = [f for f in os.listdir(d) if ".tmp" in f] if os.path.isdir(d) else []
+            if stray:
+                fail(f"temporaries left: {stray}")
+        if filler:
+            os.remove(filler)
+        limit = None
+        mpirun(1, "run", m, "--progress", "none")
+        done = [r["id"] for r in results(out) if r["status"] == "done"]
+        if sorted(done) != sorted(r["id"] for r in rows) or len(done) != len(set(done)):
+            fail(f"after freeing space: {done}")
+        # generate --out is checked before any compute.
+        if mounted:
+            with open(os.path.join(small, "filler"), "wb", buffering=0) as f:
+                for chunk in (65536, 4096, 1):  # every last page
+                    try:
+                        while True:
+                            f.write(b"\0" * chunk)
+                    except OSError:
+                        pass
+            target = os.path.join(small, "fox.png")
+        else:
+            target = "/proc/tprun-fox.png"
+        p = mpirun(2, "generate", "--model", model, "--prompt", "a fox", "--height", "32", "--width", "32",
+                   "--steps", "2", "--out", target, check=False)
+        print(f"generate into a full folder: exit {p.returncode}", flush=True)
+        if p.returncode != 7 or "I/O error" not in p.stdout or "step 1/" in p.stdout or "loaded " in p.stdout:
+            print(p.stdout)
+            fail("generate --out into an unwritable place: expected exit 7 before loading or computing")
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", small])
+
+
+def resume_incomplete(tmp):
+    """Resume regenerates a PNG recorded done that is empty or truncated; a results log line that is
+    someone's text (not the torn last line of an interrupted write) is an error and the file stays."""
+    model = tiny_model(tmp)
+    rows = PROMPTS[:4]
+    out = os.path.join(tmp, "out")
+    m = manifest(tmp, "job.toml", model, jsonl(os.path.join(tmp, "r.jsonl"), rows), out, tp=1)
+    mpirun(2, "run", m, "--progress", "none")
+    images = os.path.join(out, "images")
+    ref = {r["id"]: pixels(os.path.join(images, r["id"] + ".png")) for r in rows}
+    open(os.path.join(images, "p0.png"), "w").close()
+    with open(os.path.join(images, "p1.png"), "r+b") as f:
+        f.truncate(os.path.getsize(os.path.join(images, "p1.png")) - 20)
+    p = mpirun(2, "run", m, "--progress", "none")
+    if "2 to run" not in p.stdout or p.stdout.count("is incomplete") != 2:
+        print(p.stdout)
+        fail("the empty and truncated PNGs recorded done were not run again")
+    for r in rows:
+        if int(np.abs(pixels(os.path.join(images, r["id"] + ".png")) - ref[r["id"]]).max()) != 0:
+            fail(f"{r['id']}: the regenerated image differs")
+    recs = results(out)
+    if sorted(r["id"] for r in recs) != sorted(r["id"] for r in rows):
+        fail(f"records after the resume: {[r['id'] for r in recs]}")
+    # Someone's note in the middle of the log: refused, file untouched.
+    log = os.path.join(out, "results.jsonl")
+    lines = open(log).read().splitlines(True)
+    text = "".join(lines[:2] + ["checked these by eye, all fine\n"] + lines[2:])
+    write(log, text)
+    p = mpirun(2, "run", m, "--progress", "none", check=False)
+    named = [l for l in p.stdout.splitlines() if f"{log}:3: not a result record" in l]
+    print(f"a note in the log: exit {p.returncode}, {len(named)} rank(s) named it", flush=True)
+    if p.returncode != 3 or len(named) != 2:
+        print(p.stdout)
+        fail("a bad line inside results.jsonl was not refused on every rank")
+    if open(log).read() != text:
+        fail("results.jsonl was rewritten")
+    # The torn last line of an interrupted writer is the one line dropped.
+    write(log, "".join(lines) + '{"id": "p3", "sta')
+    p = mpirun(2, "run", m, "--progress", "none")
+    if "dropped its last line" not in p.stdout or len(results(out)) != len(rows):
+        print(p.stdout)
+        fail("the torn last line was not dropped")
+
+
+def mpirun_sigterm_requeue(tmp):
+    """slurm/single-node.sbatch with LAUNCHER=mpirun: SIGTERM to mpirun itself (mpirun then exits 1
+    while tprun exits 75) still requeues, from tprun's status file; a finished run does not."""
+    model = tiny_model(tmp)
+    rows = PROMPTS + [{"id": f"q{i}", "prompt": f"variation {i}"} for i in range(56)]
+    out = os.path.join(tmp, "out")
+    m = manifest(tmp, "job.toml", model, jsonl(os.path.join(tmp, "r.jsonl"), rows), out, tp=2)
+    # A request takes longer than Open MPI's default 1 s between passing SIGTERM on and SIGKILL.
+    write(m, open(m).read().replace("steps = 2", "steps = 300"))
+    bin_dir = os.path.join(tmp, "bin")
+    os.makedirs(bin_dir)
+    calls = os.path.join(tmp, "scontrol.calls")
+    write(os.path.join(bin_dir, "scontrol"), f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    os.chmod(os.path.join(bin_dir, "scontrol"), 0o755)
+    write(os.path.join(bin_dir, "mpirun"), f"#!/bin/sh\nexec {MPIRUN} --oversubscribe \"$@\"\n")
+    os.chmod(os.path.join(bin_dir, "mpirun"), 0o755)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "slurm", "single-node.sbatch")
+    env = dict(os.environ, PATH=bin_dir + ":" + os.environ["PATH"], MANIFEST=m, TPRUN=os.path.abspath(TPRUN), LAUNCHER="mpirun",
+               SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_JOB_NODELIST="localhost", SLURM_SUBMIT_DIR=tmp,
+               TPRUN_ARGS="--progress none", OMPI_MCA_plm="rsh", OMPI_MCA_ras="^slurm",
+               TPRUN_STOP_GRACE="3")  # mpirun: SIGTERM to the ranks 3 s after its own, SIGKILL 3 s later
+
+    def sbatch():
+        return subprocess.Popen(["bash", script], env=env, cwd=tmp, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    job = sbatch()
+    wait_for_results(out, 1, job)
+    launcher = subprocess.run(["pgrep", "-f", "-P", str(job.pid), "mpirun"], stdout=subprocess.PIPE,
+                              text=True).stdout.split()
+    if not launcher:
+        fail("mpirun not found under the batch script")
+    os.kill(int(launcher[0]), signal.SIGTERM)
+    text, _ = job.communicate(timeout=120)
+    print(text)
+    print(f"batch script: exit {job.returncode}", flush=True)
+    requeued = open(calls).read() if os.path.exists(calls) else ""
+    if len(results(out)) >= len(rows):
+        fail("the job was not interrupted; make it heavier")
+    if "requeue 4242" not in requeued:
+        fail("SIGTERM to mpirun: the job was not requeued")
+    os.remove(calls)
+    env["TPRUN_ARGS"] = "--progress none --set defaults.steps=2"  # the rest, quickly
+    job = sbatch()
+    text, _ = job.communicate(timeout=300)
+    print(f"second start: exit {job.returncode}", flush=True)
+    if job.returncode != 0 or os.path.exists(calls):
+        print(text)
+        fail("the finished job exited non-zero or was requeued")
+    if sorted(r["id"] for r in results(out) if r["status"] == "done") != sorted(r["id"] for r in rows):
+        fail("not every request done after the requeue")
+
+
 with tempfile.TemporaryDirectory() as tmp:
     {"bad_inputs": bad_inputs, "determinism": determinism, "resume_kill": resume_kill,
-     "failed_request": failed_request, "sigterm": sigterm}[CASE](tmp)
+     "failed_request": failed_request, "sigterm": sigterm, "output_lock": output_lock, "disk_full": disk_full,
+     "resume_incomplete": resume_incomplete, "mpirun_sigterm_requeue": mpirun_sigterm_requeue}[CASE](tmp)
 print("OK", CASE)

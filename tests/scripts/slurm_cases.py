@@ -2,7 +2,7 @@
 """The sbatch scripts in slurm/ against a real local Slurm (tools/slurm-local.sh).
 
 usage: slurm_cases.py TPRUN CASE
-CASE: up | srun_2 | srun_4 | mpirun | multi_node | array | requeue | killed_rank | down
+CASE: up | srun_2 | srun_4 | mpirun | multi_node | array | requeue | killed_rank | mpirun_sigterm | down
 
 `up` brings the cluster up and writes a tiny model (tprun init-model) into the
 work folder; `down` tears the cluster down. The cases submit the demo manifest
@@ -240,10 +240,52 @@ def killed_rank():
         fail(f"tprun processes left: {left}")
 
 
+def mpirun_sigterm():
+    """LAUNCHER=mpirun and SIGTERM to mpirun itself: mpirun exits 1 while tprun exits 75; the script
+    reads tprun's status file, requeues, and the next start completes the batch. Many light requests:
+    mpirun passes SIGTERM on TPRUN_STOP_GRACE s after its own, so the batch must outlast that."""
+    env = slurm_env()
+    d = fresh(os.path.join(WORK, "mpirun_sigterm"))
+    out = os.path.join(d, "out")
+    ids = [f"r{i}" for i in range(400)]
+    requests = os.path.join(d, "many.jsonl")
+    with open(requests, "w") as f:
+        f.writelines(json.dumps({"id": i, "prompt": f"variation {i} of a lighthouse"}) + "\n" for i in ids)
+    jid = submit(env, d, "single-node.sbatch", "--ntasks-per-node=2", "--open-mode=append", LAUNCHER="mpirun",
+                 TPRUN_STOP_GRACE="3", TPRUN_ARGS=args(out, f"--set requests=\"{requests}\" --set defaults.steps=20"))
+    deadline = time.time() + 120
+    while time.time() < deadline and len(results(out)) < 1:
+        time.sleep(0.1)
+    pids = sh(["pgrep", "-f", f"^mpirun .*run .*{out}"], check=False).split()
+    if not pids or len(results(out)) >= len(ids):
+        fail(f"no running mpirun found ({pids}) or the batch finished already")
+    print(f"SIGTERM to mpirun {pids[0]} after {len(results(out))} results", flush=True)
+    os.kill(int(pids[0]), signal.SIGTERM)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        st = job_states(env, jid)
+        if st.get(jid, (None, None, 0))[0] in ("COMPLETED", "FAILED", "CANCELLED"):
+            break  # finished: after a requeue (Restarts >= 1) or without one (the script requeues before it exits)
+        time.sleep(0.5)
+    st = job_states(env, jid)
+    print("after SIGTERM to mpirun:", st, flush=True)
+    logs = "".join(open(os.path.join(d, f)).read() for f in os.listdir(d) if f.startswith("slurm-"))
+    if st.get(jid, (None, None, 0))[2] < 1:
+        print("\n".join(l for l in logs.splitlines() if l.startswith("tprun:")))
+        fail("the job was not requeued")
+    expect_completed(st, jid)
+    done = [r["id"] for r in results(out) if r["status"] == "done"]
+    if sorted(done) != sorted(ids) or len(done) != len(set(done)):
+        fail(f"after the requeue: {len(done)} done of {len(ids)}")
+    if "the launcher exited 1, tprun 75" not in logs:
+        print(logs)
+        fail("the script did not take tprun's exit code over mpirun's")
+
 def down():
     sh(["bash", os.path.join(ROOT, "tools", "slurm-local.sh"), "down"], timeout=120)
 
 
 {"up": up, "srun_2": lambda: srun_n(2), "srun_4": lambda: srun_n(4), "mpirun": mpirun_inside,
- "multi_node": multi_node, "array": array, "requeue": requeue, "killed_rank": killed_rank, "down": down}[CASE]()
+ "multi_node": multi_node, "array": array, "requeue": requeue, "killed_rank": killed_rank, "mpirun_sigterm": mpirun_sigterm,
+ "down": down}[CASE]()
 print("OK", CASE)

@@ -1,7 +1,13 @@
 """What the end-to-end parity scripts share: running tprun under mpirun with a hang timeout,
 `init-model` folders, and ok / FAIL lines counted into the script's exit status."""
+import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
+
+import torch
 
 
 class Harness:
@@ -29,3 +35,42 @@ class Harness:
         if r.returncode != 0:
             raise SystemExit(f"init-model {arch} failed: {r.stderr}")
         return d
+
+
+def transformer_inputs(folder, arch):
+    """Inputs of a small FLUX.1 ("flux") or FLUX.2 transformer forward for `folder`'s config (fixed seed)."""
+    cfg = json.load(open(os.path.join(folder, "transformer", "config.json")))
+    g = torch.Generator().manual_seed(11)
+    h, w, txt = 4, 6, 8
+    inputs = {
+        "hidden_states": torch.randn(1, h * w, cfg["in_channels"], generator=g),
+        "encoder_hidden_states": torch.randn(1, txt, cfg["joint_attention_dim"], generator=g),
+        "timestep": torch.tensor([0.7]),
+    }
+    if arch == "flux":
+        img_ids = torch.zeros(h, w, 3)
+        img_ids[..., 1] = torch.arange(h)[:, None]
+        img_ids[..., 2] = torch.arange(w)[None, :]
+        inputs["img_ids"], inputs["txt_ids"] = img_ids.reshape(h * w, 3), torch.zeros(txt, 3)
+        inputs["pooled_projections"] = torch.randn(1, cfg["pooled_projection_dim"], generator=g)
+    else:  # Flux2Pipeline's ids: (0, row, col, 0) and (0, 0, 0, l)
+        one = torch.arange(1)
+        inputs["img_ids"] = torch.cartesian_prod(one, torch.arange(h), torch.arange(w), one).float()
+        inputs["txt_ids"] = torch.cartesian_prod(one, one, one, torch.arange(txt)).float()
+    if cfg.get("guidance_embeds", arch != "flux"):
+        inputs["guidance"] = torch.tensor([3.5])
+    return {k: v.contiguous() for k, v in inputs.items()}
+
+
+def run_cases(harness, cases, prefix):
+    """The rest of main() of a `SCRIPT TPRUN MPIRUN CASE` test script: runs cases[CASE](work) in a fresh
+    temporary folder, prints the verdict and returns the exit status."""
+    case = sys.argv[3]
+    torch.set_num_threads(2)
+    work = tempfile.mkdtemp(prefix=f"{prefix}-{case}-")
+    try:
+        cases[case](work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{'FAILED' if harness.failures else 'OK'}: {harness.failures} failure(s)")
+    return 1 if harness.failures else 0

@@ -1,4 +1,9 @@
 // Job manifests, request files, seeds and the results log (jobs/).
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -8,8 +13,10 @@
 #include "jobs/job_schedule.h"
 #include "jobs/manifest.h"
 #include "jobs/merge_results.h"
+#include "jobs/output_folder.h"
 #include "jobs/request_list.h"
 #include "jobs/results_log.h"
+#include "pipelines/png_image.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
@@ -118,7 +125,14 @@ TEST_F(JobFiles, ManifestErrorsNameFileLineAndKey) {
       {"model = \"m\"\nrequests = \"r\"\n[paralel]\ntp = 2\n", "job.toml:3: paralel: unknown key"},
       {"model = \"m\"\nrequests = \"r\"\n[output]\nformats = [\"gif\"]\n", "output.formats: 'gif' is not one of"},
       {"model = \"m\"\nrequests = \"r\"\ndtype = \"fp8\"\n", "job.toml:3: dtype: 'fp8' is not one of"},
-      {"model = \"m\"\nrequests = \"r\"\n[memory]\noffload = true\n", "job.toml:4: memory.offload: not built yet"},
+      {"model = \"m\"\nrequests = \"r\"\n[memory]\noffload = true\n",
+       "job.toml:4: memory.offload: must be \"model\", \"sequential\" or a table"},
+      {"model = \"m\"\nrequests = \"r\"\n[memory.offload]\ntype = \"block_level\"\nto = \"disk\"\n",
+       "memory.offload.disk_path: required when to = \"disk\""},
+      {"model = \"m\"\nrequests = \"r\"\n[memory.device_map]\ntransformer.single_transformer_blocks.1 = 3.5\n",
+       "job.toml:4: memory.device_map.transformer.single_transformer_blocks.1: must be a device string"},
+      {"model = \"m\"\nrequests = \"r\"\n[memory]\nmax_memory = { cpu = \"10 apples\" }\n",
+       "job.toml:4: memory.max_memory.cpu"},
       {"model = \"m\"\nrequests = \"r\"\n[memory]\nlayerwise_casting = { storage = \"float8_e4m3fn\", skip = [\"(x\"] }\n",
        "job.toml:4: memory.layerwise_casting.skip: '(x' is not a regular expression"},
       {"model = \"m\"\nrequests = \"r\"\n[memory.layerwise_casting]\nstorage = \"bf16\"\n",
@@ -328,6 +342,142 @@ TEST(Schedule, BatchesFormInIdOrderAndSpreadByCost) {
   EXPECT_EQ(load[0] + load[1], 44.0);
   EXPECT_LE(std::max(load[0], load[1]), 24.0);  // within 4/3 of the optimum 22
   EXPECT_EQ(per[0].front().front()->id, "d");    // the largest unit first, onto replica 0
+}
+
+// Only a torn last line is an interrupted write; any other bad line is
+// someone's text: an error naming file and line, and the file as it was.
+TEST_F(JobFiles, ResultsLogRefusesABadLineAndLeavesTheFile) {
+  const std::string text =
+      "{\"id\":\"a\",\"status\":\"done\",\"path\":\"images/a.png\"}\n"
+      "my notes about this run\n"
+      "{\"id\":\"b\",\"status\":\"failed\",\"error\":\"x\"}\n";
+  const std::string path = write("results.jsonl", text);
+  const auto e = error_of([&] { ResultsLog log(dir_.string()); });
+  EXPECT_NE(e.find(path + ":2: not a result record"), std::string::npos) << e;
+  std::ifstream in(path, std::ios::binary);
+  const std::string after((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(after, text);
+  // A record with a status that is neither done nor failed is refused too.
+  write("results.jsonl", "{\"id\":\"a\",\"status\":\"maybe\"}\n{\"id\":\"b\",\"status\":\"done\"}\n");
+  EXPECT_NE(error_of([&] { ResultsLog log(dir_.string()); }).find("results.jsonl:1:"), std::string::npos);
+  // Only the last line without a newline is dropped.
+  write("results.jsonl", "{\"id\":\"a\",\"status\":\"done\"}\n\n{\"id\":\"b\",\"sta");
+  ResultsLog log(dir_.string());
+  EXPECT_EQ(log.torn_lines(), 1);
+  EXPECT_EQ(log.torn_text(), "{\"id\":\"b\",\"sta");
+  EXPECT_EQ(log.records().size(), 1u);
+}
+
+// A failed append (here: a file size limit, EFBIG) raises IoError naming the
+// path and the errno text, and cuts the log back to its last complete line.
+TEST_F(JobFiles, ResultsLogAppendFailureCutsBackToTheLastLine) {
+  ResultsLog log(dir_.string());
+  log.begin({});
+  ResultRecord a;
+  a.id = "a";
+  a.status = "done";
+  log.append(a);
+  const auto size = fs::file_size(log.path());
+  struct rlimit old {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit lim = old;
+  lim.rlim_cur = size + 20;  // room for part of the next record only
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  ResultRecord b;
+  b.id = "b";
+  b.status = "failed";
+  b.error = std::string(200, 'x');
+  std::string message;
+  try {
+    log.append(b);
+  } catch (const IoError& e) {
+    message = e.what();
+    EXPECT_EQ(e.exit_code(), exit_code::kIo);
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(message.find(log.path()), std::string::npos) << message;
+  EXPECT_NE(message.find(std::strerror(EFBIG)), std::string::npos) << message;
+  EXPECT_EQ(fs::file_size(log.path()), size);
+  ResultsLog again(dir_.string());
+  EXPECT_EQ(again.torn_lines(), 0);
+  EXPECT_EQ(again.records().size(), 1u);
+}
+
+TEST_F(JobFiles, OutputLockRefusesASecondHolderAndIsFreedOnRelease) {
+  auto first = OutputLock::acquire(dir_.string());
+  ASSERT_TRUE(first->held());
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  std::string e;
+  try {
+    OutputLock::acquire(dir_.string());
+  } catch (const ConfigError& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find(fmt::format("output folder {} in use by pid {} on {}", dir_.string(), ::getpid(), host)),
+            std::string::npos)
+      << e;
+  first.reset();  // what the kernel does when the holder dies
+  EXPECT_TRUE(OutputLock::acquire(dir_.string())->held());
+}
+
+TEST_F(JobFiles, OutputPlacementRefusesTheModelFolder) {
+  Manifest m = parse_manifest(write("job.toml", kGood));
+  for (const auto& out : {dir_ / "model", dir_ / "model" / "out", dir_ / "model" / "." / "x" / ".."}) {
+    m.output_dir = out.string();
+    const auto e = error_of([&] { check_output_placement(m); });
+    EXPECT_NE(e.find("is inside the model folder"), std::string::npos) << out << ": " << e;
+  }
+  m.output_dir = (dir_ / "out").string();
+  EXPECT_EQ(check_output_placement(m), "");  // does not exist yet
+  fs::create_directories(dir_ / "out");
+  EXPECT_EQ(check_output_placement(m), "");  // empty
+  std::ofstream(dir_ / "out" / "thesis.tex") << "x";
+  EXPECT_NE(check_output_placement(m).find("IS NOT EMPTY"), std::string::npos);
+  std::ofstream(dir_ / "out" / "results.jsonl") << "";
+  EXPECT_EQ(check_output_placement(m), "");  // a tprun output folder
+  m.output_dir = write("file", "x");
+  EXPECT_NE(error_of([&] { check_output_placement(m); }).find("is not a folder"), std::string::npos);
+}
+
+TEST_F(JobFiles, RequestsPathMustBeARegularFileReadWithABound) {
+  const auto a = error_of([&] { check_requests_file("job.toml", dir_.string()); });
+  EXPECT_NE(a.find("is a directory"), std::string::npos) << a;
+  const auto b = error_of([&] { check_requests_file("job.toml", "/dev/zero"); });
+  EXPECT_NE(b.find("/dev/zero is not a regular file (a character device)"), std::string::npos) << b;
+  const auto c = error_of([&] { check_requests_file("job.toml", (dir_ / "nope.jsonl").string()); });
+  EXPECT_NE(c.find("nope.jsonl: no such file"), std::string::npos) << c;
+  const auto path = write("long.jsonl", "{\"id\": \"a\", \"prompt\": \"x\"}\n" + std::string(kMaxRequestLine + 10, ' '));
+  const auto d = error_of([&] { read_requests(path, {}); });
+  EXPECT_NE(d.find("long.jsonl:2: json: the line is longer than"), std::string::npos) << d;
+}
+
+TEST_F(JobFiles, LongIdsAreCutInMessages) {
+  const std::string id(5000, 'a');
+  const auto path = write("ids.jsonl", "{\"id\": \"" + id + "\", \"prompt\": \"x\"}\n");
+  const auto e = error_of([&] { read_requests(path, {}); });
+  EXPECT_NE(e.find(std::string(64, 'a') + "\u2026(5000 chars)"), std::string::npos) << e.substr(0, 300);
+  EXPECT_LT(e.size(), 400u);
+  EXPECT_EQ(clip_text("short"), "short");
+}
+
+// Resume trusts only complete images: signature to IEND.
+TEST_F(JobFiles, PngCompletenessFindsTruncatedImages) {
+  const std::vector<uint8_t> rgb(16 * 8 * 3, 7);
+  const std::string path = (dir_ / "a.png").string();
+  pipelines::write_png(path, rgb.data(), 16, 8, {{"prompt", "a fox"}});
+  EXPECT_EQ(pipelines::png_incomplete(path), "");
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (size_t keep : {size_t{0}, size_t{5}, size_t{8}, size_t{20}, bytes.size() / 2, bytes.size() - 12,
+                      bytes.size() - 1}) {
+    const std::string cut = write("cut.png", bytes.substr(0, keep));
+    EXPECT_NE(pipelines::png_incomplete(cut), "") << keep << " of " << bytes.size() << " bytes";
+  }
+  EXPECT_NE(pipelines::png_incomplete((dir_ / "none.png").string()), "");
+  EXPECT_NE(pipelines::png_incomplete(write("text.png", "not a png at all")), "");
 }
 
 }  // namespace

@@ -2,12 +2,16 @@
 // record of those declarations (styles, biases, plan keys, the derived TP
 // plan), a load must ask for exactly what was recorded, unknown names are
 // errors, and hostile config sizes are refused before anything is allocated.
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <random>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/equal.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -17,7 +21,10 @@
 #include "checkpoint/slice_plan.h"
 #include "checkpoint/tensor_file.h"
 #include "models/model_builder.h"
+#include "models/model_config.h"
 #include "models/model_registry.h"
+#include "pipelines/flux2_presets.h"
+#include "pipelines/pipeline_presets.h"
 #include "runtime/error.h"
 
 namespace tprun::models {
@@ -108,6 +115,171 @@ TEST(ModelTable, HostileConfigSizesAreRefusedBeforeAllocation) {
     record_table("Toy", [](ModelBuilder& b) { b.linear("huge", int64_t{1} << 31, int64_t{1} << 31); });
   });
   EXPECT_NE(e.find("too large"), std::string::npos) << e;
+}
+
+TEST(TensorCensus, CountsDistinctBlockIndicesUnderAPrefix) {
+  const TensorCensus census({"b.0.x", "b.0.y", "b.1.x", "b.10.x", "b.2", "b.x", "bb.3.x", "b.1a.x", "a.b.5.x"},
+                            "ckpt");
+  EXPECT_EQ(census.blocks("b"), 4);  // 0, 1, 10, 2: not "x", "1a", bb.3 or a.b.5
+  EXPECT_EQ(census.blocks("bb"), 1);
+  EXPECT_EQ(census.blocks("c"), 0);
+  EXPECT_EQ(census.blocks(std::vector<std::string>{"c", "bb", "b"}), 4);
+}
+
+// Every component config the presets write (FLUX.1 transformer, CLIP, T5,
+// AutoencoderKL; FLUX.2 transformer, AutoencoderKLFlux2, Qwen3, Mistral3).
+std::vector<std::pair<std::string, nlohmann::json>> preset_configs() {
+  const auto f1 = pipelines::flux_pipeline_configs(pipelines::flux_preset("tiny"), 1000, 600);
+  const auto klein = pipelines::flux2_pipeline_configs(pipelines::flux2_preset("flux2-klein", "tiny"), 1000);
+  const auto dev = pipelines::flux2_pipeline_configs(pipelines::flux2_preset("flux2-dev", "tiny"), 1000);
+  return {{"flux", f1.transformer},          {"clip", f1.text_encoder},     {"t5", f1.text_encoder_2},
+          {"vae", f1.vae},                   {"flux2", klein.transformer},  {"vae2", klein.vae},
+          {"qwen3", klein.text_encoder},     {"mistral3", dev.text_encoder}};
+}
+
+// The integer fields of a config, as JSON pointers (nested objects included).
+void integer_fields(const nlohmann::json& j, const std::string& at, std::vector<std::string>& out) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string p = at + "/" + it.key();
+    if (it->is_object()) integer_fields(*it, p, out);
+    if (it->is_number_integer()) out.push_back(p);
+  }
+}
+
+// Hostile sizes in every integer field of every family's config: each is
+// refused with the field named, or builds a bounded table, within
+// milliseconds. The table is checked against the tensor names a checkpoint of
+// the unchanged config holds, as every load and `tprun inspect` does.
+TEST(ModelTable, HostileSizesInEveryConfigFieldAreBoundedAndNamed) {
+  size_t cases = 0, refused = 0;
+  for (const auto& [family, base] : preset_configs()) {
+    const auto table = model_table_for(base, "/ckpt/config.json");
+    ASSERT_TRUE(table) << family;
+    std::vector<std::string> names;
+    for (const auto& t : table->tensors) names.push_back(t.name);
+    const TensorCensus census(names, "/ckpt");
+    ASSERT_NO_THROW(model_table_for(base, "/ckpt/config.json", {}, &census)) << family;
+    std::vector<std::string> fields;
+    integer_fields(base, "", fields);
+    ASSERT_GE(fields.size(), 4u) << family;
+    for (const auto& field : fields) {
+      const std::string key = field.substr(field.rfind('/') + 1);
+      for (int64_t value : {int64_t{1000}, int64_t{2000000000}, int64_t{1} << 62, -(int64_t{1} << 62)}) {
+        nlohmann::json c = base;
+        c[nlohmann::json::json_pointer(field)] = value;
+        const auto start = std::chrono::steady_clock::now();
+        ++cases;
+        std::string error;
+        size_t tensors = 0;
+        try {
+          if (auto t = model_table_for(c, "/ckpt/config.json", {}, &census)) tensors = t->tensors.size();
+        } catch (const Error& e) {
+          error = e.what();
+          EXPECT_TRUE(e.kind() == Error::Kind::Checkpoint || e.kind() == Error::Kind::Config)
+              << family << " " << field << "=" << value << ": " << error;
+        }
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        EXPECT_LT(ms, 500.0) << family << " " << field << "=" << value;
+        if (!error.empty()) {
+          ++refused;
+          EXPECT_NE(error.find(key), std::string::npos) << family << " " << field << "=" << value << ": " << error;
+        } else {
+          EXPECT_LE(tensors, 50000u) << family << " " << field << "=" << value;
+        }
+      }
+    }
+  }
+  EXPECT_GE(cases, 300u);  // 8 families, 81 integer fields in all, 4 values each
+  EXPECT_GE(refused, cases / 2) << "of " << cases;
+}
+
+// Every field of a config (JSON pointers; nested objects included, their own pointer too).
+void all_fields(const nlohmann::json& j, const std::string& at, std::vector<std::string>& out) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string p = at + "/" + it.key();
+    out.push_back(p);
+    if (it->is_object()) all_fields(*it, p, out);
+  }
+}
+
+// Seeded random mutations of every family's config (any field to a value of
+// any type or size, one to three at a time): each is a tprun::Error (config
+// or checkpoint, never internal, never another exception) or a bounded table,
+// within milliseconds. The torch-free part of this is fuzzed (fuzz_model_config).
+TEST(ModelTable, RandomConfigMutationsFailCleanly) {
+  std::mt19937_64 rng(20261203);
+  const std::vector<nlohmann::json> values = {
+      0, -1, 1, 2, 3, 7, 1000, 1025, 65537, int64_t{2000000000}, int64_t{1} << 31, int64_t{1} << 40, int64_t{1} << 62,
+      -(int64_t{1} << 62), uint64_t{1} << 63, 1.5, -0.0, 1e300, "x", "", nullptr, true, false,
+      nlohmann::json::array(), {1, 2}, {int64_t{1} << 40, 3}, nlohmann::json::object(), {{"a", 1}}};
+  size_t cases = 0;
+  for (const auto& [family, base] : preset_configs()) {
+    const auto table = model_table_for(base, "/ckpt/config.json");
+    std::vector<std::string> names;
+    for (const auto& t : table->tensors) names.push_back(t.name);
+    const TensorCensus census(names, "/ckpt");
+    std::vector<std::string> fields;
+    all_fields(base, "", fields);
+    for (int round = 0; round < 300; ++round) {
+      nlohmann::json c = base;
+      std::string what;
+      for (int k = 1 + static_cast<int>(rng() % 3); k > 0; --k) {
+        const std::string& field = fields[rng() % fields.size()];
+        const nlohmann::json& value = values[rng() % values.size()];
+        const nlohmann::json::json_pointer ptr(field);
+        // An earlier change may have replaced the object above it.
+        if (!c.contains(ptr.parent_pointer()) || !c.at(ptr.parent_pointer()).is_object()) continue;
+        c[ptr] = value;
+        what += " " + field + "=" + value.dump();
+      }
+      ++cases;
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        if (auto t = model_table_for(c, "/ckpt/config.json", {}, &census)) {
+          EXPECT_LE(t->tensors.size(), 50000u) << family << what;
+        }
+      } catch (const Error& e) {
+        EXPECT_NE(e.kind(), Error::Kind::Internal) << family << what << ": " << e.what();
+        EXPECT_NE(std::string(e.what()).find("/ckpt/config.json"), std::string::npos)
+            << family << what << ": " << e.what();
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << family << what << ": not a tprun::Error: " << e.what();
+      }
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      EXPECT_LT(ms, 500.0) << family << what;
+    }
+  }
+  EXPECT_EQ(cases, 2400u);
+}
+
+TEST(ModelTable, BlockCountsAreCheckedAgainstTheCheckpointFirst) {
+  for (const auto& [family, base] : preset_configs()) {
+    const auto table = model_table_for(base, "/ckpt/config.json");
+    std::vector<std::string> names;
+    for (const auto& t : table->tensors) names.push_back(t.name);
+    const TensorCensus census(names, "/ckpt");
+    nlohmann::json c = base;
+    std::string field;
+    for (const char* f : {"num_single_layers", "num_layers", "num_hidden_layers", "layers_per_block"})
+      if (field.empty() && c.contains(f)) field = f;
+    if (field.empty() && c.contains("text_config")) field = "text_config";
+    ASSERT_FALSE(field.empty()) << family;
+    nlohmann::json& target = field == "text_config" ? c["text_config"]["num_hidden_layers"] : c[field];
+    if (field == "text_config") field = "num_hidden_layers";
+    const int64_t held = target.get<int64_t>();
+    for (int64_t value : {int64_t{2000000000}, held + 1}) {
+      target = value;
+      const std::string e = error_of([&] { model_table_for(c, "/ckpt/config.json", {}, &census); });
+      EXPECT_NE(e.find(fmt::format("field '{}' is {} but /ckpt holds {} such block", field, value, held)),
+                std::string::npos)
+          << family << ": " << e;
+    }
+  }
+  // Without a census (init-model) the plausible cap still holds.
+  auto c = tiny_flux();
+  c["num_single_layers"] = 1025;
+  EXPECT_NE(error_of([&] { model_table_for(c, "config.json"); }).find("'num_single_layers' = 1025 is out of range"),
+            std::string::npos);
 }
 
 class BuilderLoad : public ::testing::Test {
