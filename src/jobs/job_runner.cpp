@@ -362,18 +362,9 @@ void JobRun::write_outputs(const JobRequest& req, const pipelines::GenerationRes
   if (m.png) {
     rec.path = "images/" + req.id + ".png";
     const std::string path = (out_dir_ / rec.path).string();
-    errno = 0;
-    try {
-      pipelines::write_png(path, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
-                           png_text(req));
-    } catch (const CheckpointError& e) {  // libpng and the temporary file report I/O failures so
-      const int err = errno;
-      const std::string text = err != 0 ? std::strerror(err) : std::string();
-      std::string what = e.what();
-      if (what.rfind(path + ": ", 0) == 0) what = what.substr(path.size() + 2);
-      throw IoError(fmt::format("cannot write {}: {}{}", path, what,
-                                text.empty() || what.find(text) != std::string::npos ? "" : " (" + text + ")"));
-    }
+    // I/O failures (disk full, quota, EFBIG) come as IoError naming the path and the errno text.
+    pipelines::write_png(path, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
+                         png_text(req));
   }
   if (store_) {
     try {

@@ -27,11 +27,15 @@ namespace {
 // plain C locals, so the jump skips no destructor.
 struct PngFailure {
   char message[256] = {0};
+  int err = 0;  // errno when libpng gave up (a failed write: ENOSPC, EFBIG, EIO)
 };
 
 void on_png_error(png_structp png, png_const_charp message) {
   auto* failure = static_cast<PngFailure*>(png_get_error_ptr(png));
-  if (failure != nullptr) std::snprintf(failure->message, sizeof(failure->message), "%s", message);
+  if (failure != nullptr) {
+    failure->err = errno;
+    std::snprintf(failure->message, sizeof(failure->message), "%s", message);
+  }
   png_longjmp(png, 1);
 }
 
@@ -125,16 +129,14 @@ class TempFile {
     const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
     std::string pattern = (dir / ("." + p.filename().string() + ".tmp-XXXXXX")).string();
     const int fd = ::mkstemp(pattern.data());
-    if (fd < 0)
-      throw CheckpointError(fmt::format("{}: cannot create a temporary file in {}: {}", path, dir.string(),
-                                        std::strerror(errno)));
+    if (fd < 0) throw_io_error(fmt::format("cannot create a temporary file in {} for", dir.string()), path, errno);
     tmp_ = pattern;
     file_ = ::fdopen(fd, "wb");
     if (file_ == nullptr) {
       const int err = errno;
       ::close(fd);
       ::unlink(tmp_.c_str());
-      throw CheckpointError(fmt::format("{}: fdopen failed: {}", path, std::strerror(err)));
+      throw_io_error("cannot open a temporary file for", path, err);
     }
   }
   ~TempFile() {
@@ -147,14 +149,12 @@ class TempFile {
   std::FILE* file() { return file_; }
 
   void commit() {
-    if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0)
-      throw CheckpointError(fmt::format("{}: writing failed: {}", path_, std::strerror(errno)));
+    if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) throw_io_error("cannot write", path_, errno);
     const int rc = std::fclose(file_);
     file_ = nullptr;
-    if (rc != 0) throw CheckpointError(fmt::format("{}: closing failed: {}", path_, std::strerror(errno)));
+    if (rc != 0) throw_io_error("cannot close", path_, errno);
     ::chmod(tmp_.c_str(), 0644);
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-      throw CheckpointError(fmt::format("{}: rename failed: {}", path_, std::strerror(errno)));
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) throw_io_error("cannot rename the temporary file to", path_, errno);
     committed_ = true;
   }
 
@@ -221,10 +221,14 @@ void write_png(const std::string& path, const uint8_t* rgb, int width, int heigh
     png_destroy_write_struct(&png, &info);
     throw CheckpointError(fmt::format("{}: libpng could not start a PNG writer (out of memory?)", path));
   }
+  errno = 0;  // so that a failure's errno is the write's own
   const bool ok = write_steps(png, info, tmp.file(), width, height, rows.data(), text.chunks.data(),
                               static_cast<int>(text.chunks.size()));
   png_destroy_write_struct(&png, &info);
-  if (!ok) throw CheckpointError(fmt::format("{}: writing the PNG failed: {}", path, failure.message));
+  if (!ok) {
+    if (failure.err != 0) throw_io_error(fmt::format("cannot write the PNG (libpng: {})", failure.message), path, failure.err);
+    throw IoError(fmt::format("cannot write the PNG: {}: libpng: {}", path, failure.message));
+  }
   tmp.commit();
 }
 
