@@ -50,21 +50,13 @@
 #include "dist/communicator.h"
 #include "models/model_registry.h"
 #include "runtime/error.h"
+#include "runtime/host_memory.h"
 #include "runtime/logging.h"
 #include "runtime/size_string.h"
 
 namespace tprun::cli {
 namespace po = boost::program_options;
 namespace {
-
-uint64_t proc_status_kb(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(std::string(key).size()));
-  }
-  return 0;
-}
 
 uint64_t proc_io(const char* key) {
   std::ifstream in("/proc/self/io");
@@ -253,7 +245,7 @@ int run_load_bench(const po::variables_map& vm) {
     return 0;
   }
 
-  const uint64_t rss_before = proc_status_kb("VmRSS:") * 1024;
+  const uint64_t rss_before = self_status_bytes("VmRSS");
   reset_peak_rss();
   // Reading /proc/self/io adds its own ~100 bytes to rchar: measured here
   // (two reads back to back) and left out of read_bytes.
@@ -338,7 +330,7 @@ int run_load_bench(const po::variables_map& vm) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const uint64_t rchar_after = proc_io("rchar:");
   const uint64_t read = rchar_after - rchar_before >= rchar_self ? rchar_after - rchar_before - rchar_self : 0;
-  const uint64_t peak = proc_status_kb("VmHWM:") * 1024;
+  const uint64_t peak = self_status_bytes("VmHWM");
   nlohmann::json j = {{"model", model},
                       {"mode", mode},
                       {"shard_modulation", topts.shard_modulation},

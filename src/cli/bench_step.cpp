@@ -34,8 +34,6 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/pipeline_folder.h"
@@ -51,6 +49,7 @@
 #include "dist/mesh.h"
 #include "dist/mpi_world.h"
 #include "runtime/error.h"
+#include "runtime/host_memory.h"
 #include "dist/session.h"
 
 namespace tprun::cli {
@@ -83,16 +82,6 @@ double timed_max(dist::Communicator& world, Fn fn) {
 }
 
 }  // namespace
-
-// A "VmRSS:" / "VmHWM:" line of /proc/self/status, in bytes (0 where absent).
-static uint64_t proc_status_bytes(const std::string& key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(key.size())) * 1024;
-  }
-  return 0;
-}
 
 void add_step_bench_options(po::options_description& desc) {
   po::options_description o("Step benchmark (bench step; also --model, --tp, --dtype, --shard-modulation)");
@@ -131,9 +120,8 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
 
   auto inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
-  if (session.rank() == 0) spdlog::info("{}", memory::describe(args.memory));
   auto model = load_component(args, tp, session.device().device);
-  const uint64_t rss_loaded = proc_status_bytes("VmRSS:");
+  const uint64_t rss_loaded = self_status_bytes("VmRSS");
   const std::string output = model->primary_output();
 
   at::Tensor sample;
@@ -147,7 +135,7 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   std::vector<double> fwd;
   for (int i = 0; i < iters; ++i) fwd.push_back(timed_max(world, [&] { sample = model->forward(inputs).at(output); }));
   // Before the baseline allocates its operands: this process's peak so far.
-  const uint64_t peak_rss = proc_status_bytes("VmHWM:");
+  const uint64_t peak_rss = self_status_bytes("VmHWM");
   const memory::OffloadStats offload = memory::GroupOffloader::instance().stats();
   const bool skip_bare = vm["no-bare"].as<bool>();
 

@@ -149,12 +149,7 @@ struct GroupOffloader::Impl {
       ++stats.prefetch_hits;
       from_side = true;
     } else {
-      if (prefetch.valid()) {
-        try {
-          prefetch.get();  // a misprediction: wait for the reader, drop what it read
-        } catch (const std::exception&) {
-        }
-      }
+      drop_prefetch();  // a misprediction: wait for the reader, drop what it read
       got = fetch(group, false);
     }
     prefetch_group = -1;
@@ -168,8 +163,6 @@ struct GroupOffloader::Impl {
       const auto stream = c10::cuda::getCurrentCUDAStream(c10::Device(group.spec.device).index());
       for (auto& t : *got) t.record_stream(stream);
     }
-#else
-    (void)from_side;
 #endif
     onloaded = std::move(got);
     current = g;
@@ -186,6 +179,7 @@ struct GroupOffloader::Impl {
     stats.max_bytes_in_flight = std::max(stats.max_bytes_in_flight, group.bytes + ahead);
   }
 
+  // Waits for a read-ahead in progress and drops what it read (or its error).
   void drop_prefetch() {
     if (prefetch.valid()) {
       try {
@@ -281,21 +275,9 @@ at::Tensor GroupOffloader::get(int group, size_t index) {
   return (*impl_->onloaded)[index];
 }
 
-void GroupOffloader::release_all() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->drop_prefetch();
-  impl_->onloaded.reset();
-  impl_->current = -1;
-}
-
 uint64_t GroupOffloader::group_bytes(int group) const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->at(group).bytes;
-}
-
-const GroupSpec& GroupOffloader::spec(int group) const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->at(group).spec;
 }
 
 OffloadStats GroupOffloader::stats() const {

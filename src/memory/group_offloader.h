@@ -70,11 +70,7 @@ class GroupOffloader {
 
   // The tensor on the compute device, bringing its group in if needed.
   at::Tensor get(int group, size_t index);
-  // Sends every group back (nothing of them stays on the compute device).
-  void release_all();
-
   uint64_t group_bytes(int group) const;
-  const GroupSpec& spec(int group) const;
   OffloadStats stats() const;
 
  private:

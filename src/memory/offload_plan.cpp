@@ -65,6 +65,20 @@ std::string offload_group_of(const std::string& tensor, const std::string& type,
   return "top_level";
 }
 
+int accelerator_index(const std::string& device) {
+  if (device.rfind("cuda", 0) != 0) return -1;
+  return device.size() > 5 ? std::stoi(device.substr(5)) : 0;
+}
+
+void refuse_device_map_with_tp(const MemoryOptions& memory, int tp_size) {
+  if (!memory.device_mapped() || tp_size <= 1) return;
+  throw ConfigError(fmt::format("memory.device_map cannot be combined with tensor parallelism (tp = {}, "
+                                "parallel.tp / --tp): TP splits the modules a device map would place; use "
+                                "memory.offload, which composes with TP, or tp = 1",
+                                tp_size),
+                    true);
+}
+
 bool module_encloses(const std::string& prefix, const std::string& tensor) {
   if (prefix.empty()) return true;
   return tensor.size() > prefix.size() && tensor.compare(0, prefix.size(), prefix) == 0 && tensor[prefix.size()] == '.';
@@ -72,8 +86,8 @@ bool module_encloses(const std::string& prefix, const std::string& tensor) {
 
 ComponentPlacement place_tensors(const std::vector<std::string>& names, const MemoryOptions& memory,
                                  const std::string& device, const std::string& component) {
-  const bool on_accelerator = device.rfind("cuda", 0) == 0;
-  const int own_index = on_accelerator && device.size() > 5 ? std::stoi(device.substr(5)) : (on_accelerator ? 0 : -1);
+  const int own_index = accelerator_index(device);
+  const bool on_accelerator = own_index >= 0;
   ComponentPlacement out;
   out.tensors.resize(names.size());
 

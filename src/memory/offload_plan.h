@@ -28,6 +28,14 @@ const char* tier_name(Tier tier);
 //   model_level  one group: "model".
 std::string offload_group_of(const std::string& tensor, const std::string& type, int64_t blocks_per_group);
 
+// The accelerator index of a compute device: N for "cuda:N" (0 for "cuda"),
+// -1 for the host.
+int accelerator_index(const std::string& device);
+
+// ConfigError naming memory.device_map and the TP size when a device map is
+// set with tp > 1 (TP splits the modules a map would place).
+void refuse_device_map_with_tp(const MemoryOptions& memory, int tp_size);
+
 // Whether the module path `prefix` ("" = everything) encloses `tensor`.
 bool module_encloses(const std::string& prefix, const std::string& tensor);
 

@@ -155,13 +155,7 @@ void ModelBuilder::place_weights(const BuildOptions& options, const checkpoint::
                       "for one component give a table of module = device",
                       true);
   }
-  if (!mem.device_map.empty() && tp_.size > 1) {
-    throw ConfigError(fmt::format("memory.device_map cannot be combined with tensor parallelism (tp = {}, "
-                                  "parallel.tp / --tp): TP splits the modules a device map would place; use "
-                                  "memory.offload, which composes with TP, or tp = 1",
-                                  tp_.size),
-                      true);
-  }
+  memory::refuse_device_map_with_tp(mem, tp_.size);
   if (!mem.offload.enabled() && mem.device_map.empty()) return;
   std::vector<std::string> names;
   std::vector<const TensorSpec*> specs;
@@ -288,12 +282,13 @@ parallel::Weight ModelBuilder::load(const TensorSpec& spec) {
     auto it = placed_->entries.find(spec.name);
     if (it != placed_->entries.end()) placed = &it->second;
   }
-  const c10::ScalarType target =
-      spec.dtype.empty() ? placed_ ? placed_->compute : c10::ScalarType::Undefined
-                         : checkpoint::parse_compute_dtype(spec.dtype, spec.name);
+  // An offloaded weight is handed to compute in its layer's dtype (up-cast from fp8 storage).
+  const auto target = [&] {
+    return spec.dtype.empty() ? placed_->compute : checkpoint::parse_compute_dtype(spec.dtype, spec.name);
+  };
   if (placed && placed_->reusable.count(placed->group)) {
     // Its group's file already holds this slice: not read again.
-    return parallel::Weight(spec.name, parallel::offloaded_storage(placed->group, placed->index, target));
+    return parallel::Weight(spec.name, parallel::offloaded_storage(placed->group, placed->index, target()));
   }
   const auto request = table_->request(spec.name, tp_.rank, tp_.size);
   at::Tensor t = spec.dtype.empty() ? loader_->load(spec.name, request)
@@ -319,7 +314,7 @@ parallel::Weight ModelBuilder::load(const TensorSpec& spec) {
   if (placed) {
     bytes_offloaded_ += static_cast<uint64_t>(t.nbytes());
     memory::GroupOffloader::instance().put(placed->group, placed->index, t);
-    return parallel::Weight(spec.name, parallel::offloaded_storage(placed->group, placed->index, target));
+    return parallel::Weight(spec.name, parallel::offloaded_storage(placed->group, placed->index, target()));
   }
   bytes_stored_ += static_cast<uint64_t>(t.nbytes());
   return parallel::Weight(spec.name, storage ? storage : parallel::resident_storage(t));

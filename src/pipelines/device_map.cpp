@@ -35,13 +35,7 @@ PipelineOptions resolve_device_map(const checkpoint::PipelineFolder& folder, con
     }
     return options;
   }
-  if (tp.size > 1) {
-    throw ConfigError(fmt::format("memory.device_map cannot be combined with tensor parallelism (tp = {}, "
-                                  "parallel.tp / --tp): TP splits the modules a device map would place; use "
-                                  "memory.offload, which composes with TP, or tp = 1",
-                                  tp.size),
-                      true);
-  }
+  memory::refuse_device_map_with_tp(mem, tp.size);
   // The components tprun has a model for, sized from their tables (no weight read).
   std::vector<Sized> comps;
   for (const auto& c : folder.components) {
@@ -73,12 +67,13 @@ PipelineOptions resolve_device_map(const checkpoint::PipelineFolder& folder, con
 
   std::vector<memory::DevicePlacement> resolved;
   if (mem.device_map_strategy == "balanced") {
-    const bool accel = options.device.rfind("cuda", 0) == 0;
-    const std::string own = accel ? (options.device.size() > 5 ? options.device.substr(5) : "0") : "";
+    const int own_index = memory::accelerator_index(options.device);
+    const bool accel = own_index >= 0;
+    const std::string own = accel ? std::to_string(own_index) : "";
     std::map<std::string, uint64_t> budget;
     for (const auto& [dev, bytes] : mem.max_memory) {
       const int target = *memory::device_map_target(dev);
-      if (target >= 0 && fmt::format("{}", target) != own) {
+      if (target >= 0 && target != own_index) {
         throw ConfigError(fmt::format("memory.max_memory.\"{}\": device {} is not this rank's ({})", dev, dev,
                                       options.device),
                           true);

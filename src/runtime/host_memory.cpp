@@ -115,9 +115,7 @@ std::optional<MemoryLimit> cgroup_limit() {
 std::optional<MemoryLimit> address_space_limit() {
   struct rlimit rl {};
   if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return std::nullopt;
-  const auto status = read_text("/proc/self/status");
-  if (!status) return std::nullopt;
-  const uint64_t vm = parse_status_kb(*status, "VmSize").value_or(0);
+  const uint64_t vm = self_status_bytes("VmSize");
   const uint64_t limit = static_cast<uint64_t>(rl.rlim_cur);
   return MemoryLimit{"RLIMIT_AS (ulimit -v)", limit, vm, limit > vm ? limit - vm : 0, false};
 }
@@ -160,6 +158,11 @@ std::optional<uint64_t> parse_status_kb(const std::string& status, const std::st
     return std::nullopt;
   }
   return std::nullopt;
+}
+
+uint64_t self_status_bytes(const std::string& key) {
+  const auto status = read_text("/proc/self/status");
+  return status ? parse_status_kb(*status, key).value_or(0) : 0;
 }
 
 std::string format_bytes(uint64_t bytes) {

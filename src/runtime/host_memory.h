@@ -43,6 +43,9 @@ HostMemory device_memory(int cuda_index);
 std::optional<uint64_t> parse_cgroup_limit(const std::string& text);
 // The "VmSize:   1234 kB" line of /proc/<pid>/status -> bytes.
 std::optional<uint64_t> parse_status_kb(const std::string& status, const std::string& key);
+// A line of this process's /proc/self/status in bytes ("VmRSS", "VmHWM",
+// "VmSize"); 0 where it cannot be read.
+uint64_t self_status_bytes(const std::string& key);
 // "1.5 GiB", "512 MiB" for messages.
 std::string format_bytes(uint64_t bytes);
 

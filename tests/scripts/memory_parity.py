@@ -322,9 +322,7 @@ def case_layerwise_casting(work):
 
 
 def expect_error(label, args, want, np_=2):
-    rc, log = H.run(args, np_=np_, timeout=120)
-    lines = [l for l in log.splitlines() if want in l]
-    H.check(rc == 3 and len(lines) >= np_, f"{label}: exit {rc} (want 3), '{want}' on {len(lines)} of {np_} ranks")
+    H.expect_config_error(label, args, want, np_)
 
 
 def case_errors(work):

@@ -227,11 +227,7 @@ def case_device_map(work):
 
 
 def expect_error(label, args, want, np_=2):
-    rc, log = H.run(args, np_=np_, timeout=120)
-    lines = [l for l in log.splitlines() if want in l]
-    H.check(rc == 3 and len(lines) >= np_ and "offload groups" not in log,
-            f"{label}: exit {rc} (want 3), '{want}' on {len(lines)} of {np_} ranks, before any weight"
-            + ("" if lines else f"\n{log[-800:]}"))
+    H.expect_config_error(label, args, want, np_, absent="offload groups")
 
 
 def case_errors(work):

@@ -29,6 +29,15 @@ class Harness:
             return None, "timed out (hang?)"
         return r.returncode, r.stdout + r.stderr
 
+    def expect_config_error(self, label, args, want, np_=2, absent=None):
+        """`args` under mpirun -np np_ ends with exit 3 and `want` on every rank (and, when given, `absent`
+        nowhere in the log: e.g. a line a weight load would print)."""
+        rc, log = self.run(args, np_=np_, timeout=120)
+        lines = [l for l in log.splitlines() if want in l]
+        ok = rc == 3 and len(lines) >= np_ and (absent is None or absent not in log)
+        return self.check(ok, f"{label}: exit {rc} (want 3), '{want}' on {len(lines)} of {np_} ranks"
+                          + ("" if absent is None else f", no '{absent}'") + ("" if lines else f"\n{log[-800:]}"))
+
     def init_model(self, work, arch, name=None):
         d = os.path.join(work, name or arch)
         r = subprocess.run([self.tprun, "init-model", d, "--arch", arch], capture_output=True, text=True)
