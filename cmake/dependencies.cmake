@@ -121,6 +121,12 @@ find_library(SPM_TRAIN_LIBRARY NAMES sentencepiece_train HINTS ${SPM_LIBRARY_DIR
 set_property(TARGET PkgConfig::SPM APPEND PROPERTY INTERFACE_LINK_LIBRARIES "${SPM_TRAIN_LIBRARY}")
 pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 
+# User-supplied regular expressions (runtime/user_pattern.h): RE2's
+# linear-time matching. xxHash: the XXH3 content hash of disk-offload group
+# files (memory/group_offloader.cpp).
+pkg_check_modules(RE2 REQUIRED IMPORTED_TARGET re2)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+
 # PNG output of generated images (pipelines/png_image.cpp).
 find_package(PNG REQUIRED)
 

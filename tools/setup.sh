@@ -16,6 +16,7 @@ packages=(
   openmpi-bin libopenmpi-dev libhdf5-openmpi-dev
   libspdlog-dev libfmt-dev libboost-program-options-dev libgtest-dev
   nlohmann-json3-dev libtomlplusplus-dev libsentencepiece-dev libicu-dev libpng-dev
+  libre2-dev libxxhash-dev
 )
 missing=()
 for p in "${packages[@]}"; do

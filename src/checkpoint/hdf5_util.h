@@ -2,6 +2,7 @@
 // Small shared pieces of tprun's HDF5 code: an owning identifier handle and
 // error checks that turn HDF5's error stack into one CheckpointError line.
 
+#include <cstdint>
 #include <string>
 
 #include <hdf5.h>
@@ -43,6 +44,16 @@ class H5Handle {
   hid_t id_ = -1;
   Closer closer_ = nullptr;
 };
+
+// Turns off HDF5's automatic printing of its error stack to stderr (once per process): tprun
+// reports each failure itself, as one line.
+void h5_silence_errors();
+
+// Why a write of `size` bytes at `offset` into the file at `path` that HDF5 reported as failed
+// could not be done, as an errno value (0: none found). HDF5 (above all through MPI-IO) loses the
+// operating system's errno, so this asks the file system again: the file opened for writing, the
+// range reserved (fallocate, KEEP_SIZE: no data changes), RLIMIT_FSIZE, the free space.
+int h5_write_errno(const std::string& path, uint64_t offset, uint64_t size);
 
 // The HDF5 error stack as one line ("unable to open file (file signature not found)"), cleared.
 std::string h5_error_text();

@@ -1,5 +1,6 @@
 #include "checkpoint/pipeline_folder.h"
 
+#include <cctype>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -9,6 +10,27 @@
 
 namespace tprun::checkpoint {
 namespace fs = std::filesystem;
+
+namespace {
+
+// A component's folder name: letters, digits, '_' and '-' only, so it can
+// never be a path ("..", "a/b", an absolute path) leaving the pipeline folder.
+bool plain_name(const std::string& s) {
+  if (s.empty() || s.size() > 128) return false;
+  for (unsigned char ch : s)
+    if (!std::isalnum(ch) && ch != '_' && ch != '-') return false;
+  return true;
+}
+
+// A Python identifier in ASCII (a library or class name).
+bool identifier(const std::string& s) {
+  if (s.empty() || s.size() > 128 || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (unsigned char ch : s)
+    if (!std::isalnum(ch) && ch != '_') return false;
+  return true;
+}
+
+}  // namespace
 
 const PipelineComponent* PipelineFolder::find(const std::string& name) const {
   for (const auto& c : components)
@@ -41,6 +63,19 @@ PipelineFolder open_pipeline_folder(const std::string& path) {
     if (!v[0].is_string() || !v[1].is_string()) {
       throw CheckpointError(fmt::format("{}: component '{}' must be [library, class], found {}", file,
                                         it.key(), v.dump()));
+    }
+    if (!plain_name(it.key())) {
+      throw CheckpointError(fmt::format("{}: component name '{}' is not a plain folder name (letters, digits, '_', '-')",
+                                        file, clip_text(it.key())),
+                            true);
+    }
+    for (size_t k = 0; k < 2; ++k) {
+      if (!identifier(v[k].get<std::string>())) {
+        throw CheckpointError(fmt::format("{}: component '{}' {} '{}' is not a {} name", file, it.key(),
+                                          k == 0 ? "library" : "class", clip_text(v[k].get<std::string>()),
+                                          k == 0 ? "Python module" : "Python class"),
+                              true);
+      }
     }
     PipelineComponent c;
     c.name = it.key();

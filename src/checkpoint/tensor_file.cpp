@@ -35,7 +35,7 @@ void write_tensor_file_f32(const std::string& path, const std::map<std::string, 
     p.data = keep.back().data_ptr();
     payloads.push_back(std::move(p));
   }
-  write_safetensors(path, std::move(payloads), {}, overwrite);
+  write_safetensors(path, std::move(payloads), {{kTensorFileWriterKey, kTensorFileWriter}}, overwrite);
 }
 
 }  // namespace tprun::checkpoint

@@ -17,7 +17,13 @@ namespace tprun::checkpoint {
 // CheckpointError naming the file (and tensor) when malformed.
 std::map<std::string, at::Tensor> read_tensor_file(const std::string& path);
 
-// Writes the tensors as F32 (converted, moved to the CPU), atomically.
+// The safetensors __metadata__ entry write_tensor_file_f32 adds, by which
+// tprun knows a file it may replace (jobs/output_folder.h).
+inline constexpr const char* kTensorFileWriterKey = "written_by";
+inline constexpr const char* kTensorFileWriter = "tprun";
+
+// Writes the tensors as F32 (converted, moved to the CPU), atomically, with
+// the metadata {kTensorFileWriterKey: kTensorFileWriter}.
 void write_tensor_file_f32(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                            bool overwrite = true);
 

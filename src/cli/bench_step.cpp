@@ -51,6 +51,7 @@
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
 #include "dist/session.h"
+#include "jobs/output_folder.h"
 
 namespace tprun::cli {
 namespace po = boost::program_options;
@@ -104,6 +105,11 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   (void)checkpoint::parse_compute_dtype(args.dtype, "--dtype");
   args.shard_modulation = vm["shard-modulation"].as<bool>();
   args.memory = memory_from(vm);
+  if (vm.count("out")) {
+    jobs::check_output_path(vm["out"].as<std::string>(), "--out",
+                            {{"the model folder", args.model}, {"--inputs", vm["inputs"].as<std::string>()}},
+                            jobs::OutputKind::Tensors);
+  }
   if (checkpoint::is_pipeline_folder(args.model)) {
     auto folder = checkpoint::open_pipeline_folder(args.model);
     const auto* c = folder.find("transformer");

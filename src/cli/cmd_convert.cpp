@@ -12,6 +12,7 @@
 #include "checkpoint/hdf5_writer.h"
 #include "checkpoint/pipeline_folder.h"
 #include "cli/command.h"
+#include "jobs/output_folder.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/rank_env.h"
@@ -49,6 +50,7 @@ int run_convert(const ConvertOptions& o) {
     throw ConfigError(fmt::format("{} is a folder; name the .h5 file to write", o.dst), true);
   if (!o.force && fs::exists(o.dst, ec))
     throw ConfigError(fmt::format("{}: already exists; pass --force to overwrite", o.dst), true);
+  jobs::check_output_path(o.dst, "DST", {{"the source", o.src}}, jobs::OutputKind::Forced);
 
   const ComponentCheckpoint ck = ComponentCheckpoint::open(o.src, o.variant);
   size_t tensors = 0;

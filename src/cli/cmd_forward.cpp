@@ -12,9 +12,11 @@
 #include "cli/model_args.h"
 #include "cli/session_options.h"
 #include "dist/communicator.h"
+#include "dist/control_plane.h"
 #include "dist/device_mesh.h"
 #include "dist/mesh.h"
 #include "dist/session.h"
+#include "jobs/output_folder.h"
 #include "runtime/error.h"
 
 namespace tprun::cli {
@@ -32,7 +34,7 @@ Command forward_command() {
          "encoder_hidden_states, timestep, img_ids, txt_ids (+ pooled_projections for FLUX.1, + guidance "
          "with guidance_embeds); text encoders: input_ids (int64 [B, S]); vae_decoder: latents (already "
          "/ scaling_factor + shift_factor); vae_encoder: image in [-1, 1]")
-        ("out", po::value<std::string>(), "safetensors file rank 0 writes (F32; replaced if present) with every "
+        ("out", po::value<std::string>(), "safetensors file rank 0 writes (F32; an existing file only if tprun wrote it; never in the model folder) with every "
          "output: transformers 'sample'; CLIP 'last_hidden_state' + 'pooler_output'; T5 'last_hidden_state'; "
          "vae_decoder 'sample'; vae_encoder 'mean' + 'std'")
         ("tp", po::value<int>()->default_value(1), "tensor-parallel group size (world = tp x dp)");
@@ -47,6 +49,17 @@ Command forward_command() {
     dist::MeshSpec spec;
     spec.tp = vm["tp"].as<int>();
     auto mesh = session.make_mesh(spec);
+    {  // the output path: never the model, --inputs, or a file tprun did not write (jobs/output_folder.h)
+      dist::ControlPlane control(session.watchdog());
+      control.agree([&] {
+        const std::vector<jobs::ReadPath> reads = {{"the model folder", args.model},
+                                                   {"the component folder", args.path},
+                                                   {"the --inputs file", vm["inputs"].as<std::string>()}};
+        jobs::check_output_path(vm["out"].as<std::string>(), "--out", reads, jobs::OutputKind::Tensors);
+        jobs::check_offload_folders(args.memory, "--memory", reads);
+        jobs::check_output_file(vm["out"].as<std::string>(), "--out");
+      });
+    }
     parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
 
     auto inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());

@@ -95,12 +95,13 @@ Command generate_command() {
     add_generation_options(desc);
     po::options_description io("Output");
     io.add_options()
-        ("out", po::value<std::string>(), "PNG that rank 0 writes (atomically; replaced if present)")
+        ("out", po::value<std::string>(), "PNG that rank 0 writes (atomically; an existing file only if tprun wrote it; never in the model folder)")
         ("inputs", po::value<std::string>(),
          "safetensors with prompt_embeds + pooled_prompt_embeds (then no text encoders are loaded), "
          "negative_prompt_embeds + negative_pooled_prompt_embeds, latents (packed initial noise)")
         ("out-tensors", po::value<std::string>(),
-         "safetensors rank 0 writes: 'latents' (final, packed) and 'image' (NHWC float in [0, 1])");
+         "safetensors rank 0 writes: 'latents' (final, packed) and 'image' (NHWC float in [0, 1]); the same rules "
+         "as --out");
     desc.add(io);
     add_session_options(desc);
   };
@@ -127,6 +128,18 @@ Command generate_command() {
     {  // the outputs can be written: checked before any weight is loaded or step run
       dist::ControlPlane control(session.watchdog());
       control.agree([&] {
+        // Never the model, --inputs, or a file tprun did not write (jobs/output_folder.h).
+        std::vector<jobs::ReadPath> reads = {{"the model folder", vm["model"].as<std::string>()}};
+        if (vm.count("inputs")) reads.push_back({"the --inputs file", vm["inputs"].as<std::string>()});
+        if (vm.count("out")) {
+          jobs::check_output_path(vm["out"].as<std::string>(), "--out", reads, jobs::OutputKind::Png);
+          reads.push_back({"the --out file", vm["out"].as<std::string>()});
+        }
+        if (vm.count("out-tensors")) {
+          jobs::check_output_path(vm["out-tensors"].as<std::string>(), "--out-tensors", reads,
+                                  jobs::OutputKind::Tensors);
+        }
+        jobs::check_offload_folders(memory_from(vm), "--memory", reads);
         if (vm.count("out")) jobs::check_output_file(vm["out"].as<std::string>(), "--out");
         if (vm.count("out-tensors")) jobs::check_output_file(vm["out-tensors"].as<std::string>(), "--out-tensors");
       });

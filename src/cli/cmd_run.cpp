@@ -3,7 +3,9 @@
 
 #include "cli/command.h"
 #include "cli/session_options.h"
+#include "dist/control_plane.h"
 #include "jobs/job_runner.h"
+#include "jobs/output_folder.h"
 #include "runtime/error.h"
 #include "dist/session.h"
 
@@ -27,7 +29,7 @@ Command run_command() {
          "merge the chunks with tprun merge-results")
         ("status-file", po::value<std::string>(),
          "rank 0 writes {\"exit_code\": N, \"state\": ...} here when the run ends (for requeue scripts: "
-         "tprun's own verdict, whatever the launcher returns)")
+         "tprun's own verdict, whatever the launcher returns); an existing file only if it holds a tprun status")
         ("progress", po::value<std::string>()->default_value("auto"),
          "auto (a live line on a terminal, log lines otherwise) | live | log | none");
     desc.add(o);
@@ -59,6 +61,12 @@ Command run_command() {
     }
     jobs::install_stop_handlers();
     Session session(argc, argv, session_options_from(vm));
+    if (!o.status_file.empty()) {
+      // Before the run (which writes the status file however it ends): a
+      // refused status file is never written. Rank 0 decides, every rank stops.
+      dist::ControlPlane control(session.watchdog());
+      control.agree([&] { jobs::check_status_file(o.status_file, o.manifest, o.overrides); });
+    }
     return jobs::run_job(session, o);
   };
   return c;

@@ -6,6 +6,7 @@
 
 #include "checkpoint/reshard.h"
 #include "cli/command.h"
+#include "jobs/output_folder.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/rank_env.h"
@@ -37,6 +38,7 @@ Command shard_command() {
     o.variant = vm["variant"].as<std::string>();
     o.max_shard_bytes = parse_size(vm["max-shard-size"].as<std::string>(), "--max-shard-size");
     o.force = vm["force"].as<bool>();
+    jobs::check_output_path(dst, "DST", {{"the source", src}}, jobs::OutputKind::Folder);
     if (env && env->rank != 0) return 0;  // one writer; the others have nothing to do
     const auto start = std::chrono::steady_clock::now();
     checkpoint::ReshardSummary r;

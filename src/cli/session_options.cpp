@@ -1,5 +1,10 @@
 #include "cli/session_options.h"
 
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
 #include "runtime/logging.h"
 
 namespace tprun::cli {
@@ -19,9 +24,28 @@ void add_session_options(po::options_description& desc) {
       ("log-dir", po::value<std::string>()->default_value("logs"),
        "per-rank debug logs go to <dir>/rank-NNNN.log; empty: none")
       ("comm-timeout", po::value<double>()->default_value(1800.0),
-       "seconds a collective may wait for its peers before the job is ended; 0: forever");
+       "seconds a collective may wait for its peers before the job is ended (at least 0.001); 0: forever");
   desc.add(rt);
 }
+
+namespace {
+
+constexpr double kMinCommTimeoutS = 0.001;  // the watchdog counts milliseconds
+constexpr double kMaxCommTimeoutS = 1e9;    // ~31 years; more overflows the millisecond count
+
+// 0 is the documented "no deadline"; anything else must be a deadline the watchdog can keep: the
+// old code took every value <= 0 (and NaN, which compares false) as "off", and a sub-millisecond
+// value rounded to 0 ms, so a typo silently disabled the watchdog.
+void check_comm_timeout(double seconds) {
+  if (seconds == 0) return;
+  if (!std::isfinite(seconds) || seconds < kMinCommTimeoutS || seconds > kMaxCommTimeoutS) {
+    throw ConfigError(fmt::format("--comm-timeout {}: must be 0 (no deadline) or a number of seconds from {} to {}",
+                                  seconds, kMinCommTimeoutS, kMaxCommTimeoutS),
+                      true);
+  }
+}
+
+}  // namespace
 
 SessionOptions session_options_from(const po::variables_map& vm) {
   SessionOptions o;
@@ -31,6 +55,7 @@ SessionOptions session_options_from(const po::variables_map& vm) {
   if (!o.log_level.empty()) check_log_level(o.log_level, "--log-level");
   o.log_dir = vm["log-dir"].as<std::string>();
   o.comm_timeout_s = vm["comm-timeout"].as<double>();
+  check_comm_timeout(o.comm_timeout_s);
   return o;
 }
 

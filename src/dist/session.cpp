@@ -13,6 +13,7 @@
 #include "runtime/cpu_binding.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
+#include "runtime/thread_budget.h"
 
 namespace tprun {
 namespace {
@@ -26,6 +27,9 @@ Session::Session(int* argc, char*** argv, const SessionOptions& options) {
   // above all) must throw c10::Error, which the pipelines turn into a request
   // error, not abort the process.
   FLAGS_caffe2_use_fatal_for_enforce = false;
+  // Under `ulimit -v`, before any thread starts: threads must not each reserve a 64 MiB malloc
+  // arena of the limit (runtime/thread_budget.h).
+  const bool arenas_capped = cap_malloc_arenas_under_address_limit();
   // Log with the launcher's rank (if any) until MPI confirms it.
   auto early = rank_env_from_variables(process_env());
   init_logging({early ? early->rank : 0, early ? early->world : 1, options.log_level, ""});
@@ -54,8 +58,13 @@ Session::Session(int* argc, char*** argv, const SessionOptions& options) {
   // binding that leaves most of the node idle.
   const ThreadChoice tc = choose_threads(options.threads, cpus_in_affinity_mask(), sharing, cpus_, process_env());
   threads_ = tc.threads;
+  // The thread pools must fit the address-space limit: libtorch's pthreadpool waits forever for a
+  // thread that pthread_create could not start.
+  const ThreadBudget budget = fit_threads_to_address_space(threads_);
+  threads_ = budget.threads;
   interop_threads_ = std::max(1, threads_ / 2);
   if (device_.cuda_index < 0) {
+    if (budget.warning) spdlog::warn("{}", *budget.warning);
     set_torch_threads(threads_, interop_threads_);
     if (tc.warning && env_.local_rank == 0) spdlog::warn("{}", *tc.warning);
     const auto binding = binding_warning(cpu_binding_facts(process_env(), node_cpus(), cpus_in_affinity_mask(), masks));
@@ -69,7 +78,15 @@ Session::Session(int* argc, char*** argv, const SessionOptions& options) {
   spdlog::info("tprun rank {}/{} on {} (local {}/{}), environment from {}, device {} ({}), "
                "{} thread(s) on CPUs {} shared by {} local rank(s) (threads from {})",
                env_.rank, env_.world, host_, env_.local_rank, env_.local_size, env_.source,
-               device_.device, device_.reason, threads_, cpus_, sharing, tc.reason);
+               device_.device, device_.reason, threads_, cpus_, sharing,
+               budget.warning ? tc.reason + ", lowered for the address-space limit" : tc.reason);
+  if (budget.limit) {
+    // In KiB, the unit of `ulimit -v` (tests/scripts/hostile_limits.sh reads this line).
+    spdlog::debug("address-space limit {} KiB (ulimit -v): {} KiB in use at start-up, {} KiB per thread stack, "
+                  "malloc arenas {}",
+                  *budget.limit / 1024, budget.used / 1024, budget.per_thread / 1024,
+                  arenas_capped ? "capped" : "not capped");
+  }
   if (cuda_built() && device_.cuda_index < 0 && env_.rank == 0) {
     spdlog::info("CUDA build without a visible GPU: NCCL and CUDA paths are skipped, ranks run on CPU");
   }

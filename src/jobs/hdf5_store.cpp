@@ -1,7 +1,9 @@
 #include "jobs/hdf5_store.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -39,6 +41,30 @@ void number_attribute(hid_t obj, const char* name, T value, hid_t type, const st
   H5Handle attr(check_id(H5Acreate2(obj, name, type, space.get(), H5P_DEFAULT, H5P_DEFAULT), where, name),
                 H5Aclose);
   check_rc(H5Awrite(attr.get(), type, &value), where, name);
+}
+
+// A failed HDF5 call on the store is the file system's doing (disk full, quota, file size limit,
+// read-only): an IoError naming the file and the errno text, found by asking the file system again
+// (HDF5 through MPI-IO loses errno). `offset`/`size`: the bytes the call wrote, where known; else
+// 64 KiB past the end of the file (metadata).
+[[noreturn]] void store_io_error(const std::string& what, const std::string& path, const std::string& h5_text,
+                                 uint64_t offset = UINT64_MAX, uint64_t size = 64 * 1024) {
+  if (offset == UINT64_MAX) {
+    struct stat st {};
+    offset = ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+  }
+  const int err = checkpoint::h5_write_errno(path, offset, size);
+  if (err != 0) throw_io_error(what, path, err);
+  throw IoError(fmt::format("{}: {}: {}", what, path, h5_text));
+}
+
+[[noreturn]] void write_failed(const std::string& id, const std::string& dataset, hid_t d, const std::string& path) {
+  const std::string h5_text = checkpoint::h5_error_text();
+  const haddr_t offset = H5Dget_offset(d);
+  const hsize_t size = H5Dget_storage_size(d);
+  H5Eclear2(H5E_DEFAULT);
+  store_io_error(fmt::format("cannot write request {} ({}) into the HDF5 store", id, dataset), path, h5_text,
+                 offset == HADDR_UNDEF ? UINT64_MAX : static_cast<uint64_t>(offset), static_cast<uint64_t>(size));
 }
 
 std::string run_name() {
@@ -83,52 +109,57 @@ Hdf5Store::Hdf5Store(const std::string& out_dir, bool images, bool latents, cons
   m.final_path = (dir / name).string();
   m.tmp_path = (dir / ("." + name + ".tmp")).string();
   const std::string& where = m.tmp_path;
-  H5Handle fapl(check_id(H5Pcreate(H5P_FILE_ACCESS), where, "H5Pcreate"), H5Pclose);
-  check_rc(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), where, "H5Pset_fapl_mpio");
-  check_rc(H5Pset_all_coll_metadata_ops(fapl.get(), true), where, "H5Pset_all_coll_metadata_ops");
-  check_rc(H5Pset_coll_metadata_write(fapl.get(), true), where, "H5Pset_coll_metadata_write");
-  m.file = H5Handle(check_id(H5Fcreate(where.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), where, "H5Fcreate"),
-                    H5Fclose);
-  for (const char* group : {"images", "latents"}) {
-    if ((group[0] == 'i' && !images) || (group[0] == 'l' && !latents)) continue;
-    H5Handle g(check_id(H5Gcreate2(m.file.get(), group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), where, group),
-               H5Gclose);
-  }
-  // Contiguous, allocated at creation: independent writes touch no metadata.
-  H5Handle dcpl(check_id(H5Pcreate(H5P_DATASET_CREATE), where, "H5Pcreate"), H5Pclose);
-  check_rc(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), where, "H5Pset_alloc_time");
-  check_rc(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), where, "H5Pset_fill_time");
-  for (const auto& sr : requests) {
-    const JobRequest& r = *sr.request;
-    m.ids.push_back(r.id);
-    auto make = [&](const std::string& dset, hid_t type, const std::vector<hsize_t>& dims) {
-      H5Handle space(check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), where, dset),
-                     H5Sclose);
-      H5Handle d(check_id(H5Dcreate2(m.file.get(), dset.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(),
-                                     H5P_DEFAULT),
-                          where, dset),
-                 H5Dclose);
-      const auto& g = r.gen;
-      string_attribute(d.get(), "prompt", g.prompt, where);
-      string_attribute(d.get(), "negative_prompt", g.negative_prompt.value_or(""), where);
-      number_attribute<uint64_t>(d.get(), "seed", g.seed, H5T_NATIVE_UINT64, where);
-      // The request with the pipeline's defaults applied: every field is set.
-      number_attribute<int64_t>(d.get(), "height", g.height.value(), H5T_NATIVE_INT64, where);
-      number_attribute<int64_t>(d.get(), "width", g.width.value(), H5T_NATIVE_INT64, where);
-      number_attribute<int64_t>(d.get(), "steps", g.steps.value(), H5T_NATIVE_INT64, where);
-      number_attribute<double>(d.get(), "guidance", g.guidance.value(), H5T_NATIVE_DOUBLE, where);
-      number_attribute<double>(d.get(), "true_cfg_scale", g.true_cfg_scale.value(), H5T_NATIVE_DOUBLE, where);
-    };
-    if (images) {
-      make("images/" + r.id, H5T_NATIVE_UINT8,
-           {static_cast<hsize_t>(r.gen.height.value()), static_cast<hsize_t>(r.gen.width.value()), 3});
+  checkpoint::h5_silence_errors();
+  try {
+    H5Handle fapl(check_id(H5Pcreate(H5P_FILE_ACCESS), where, "H5Pcreate"), H5Pclose);
+    check_rc(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), where, "H5Pset_fapl_mpio");
+    check_rc(H5Pset_all_coll_metadata_ops(fapl.get(), true), where, "H5Pset_all_coll_metadata_ops");
+    check_rc(H5Pset_coll_metadata_write(fapl.get(), true), where, "H5Pset_coll_metadata_write");
+    m.file = H5Handle(check_id(H5Fcreate(where.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), where, "H5Fcreate"),
+                      H5Fclose);
+    for (const char* group : {"images", "latents"}) {
+      if ((group[0] == 'i' && !images) || (group[0] == 'l' && !latents)) continue;
+      H5Handle g(check_id(H5Gcreate2(m.file.get(), group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), where, group),
+                 H5Gclose);
     }
-    if (latents) {
-      make("latents/" + r.id, H5T_NATIVE_FLOAT,
-           {static_cast<hsize_t>(sr.latent_tokens), static_cast<hsize_t>(sr.latent_channels)});
+    // Contiguous, allocated at creation: independent writes touch no metadata.
+    H5Handle dcpl(check_id(H5Pcreate(H5P_DATASET_CREATE), where, "H5Pcreate"), H5Pclose);
+    check_rc(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), where, "H5Pset_alloc_time");
+    check_rc(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), where, "H5Pset_fill_time");
+    for (const auto& sr : requests) {
+      const JobRequest& r = *sr.request;
+      m.ids.push_back(r.id);
+      auto make = [&](const std::string& dset, hid_t type, const std::vector<hsize_t>& dims) {
+        H5Handle space(check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), where, dset),
+                       H5Sclose);
+        H5Handle d(check_id(H5Dcreate2(m.file.get(), dset.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(),
+                                       H5P_DEFAULT),
+                            where, dset),
+                   H5Dclose);
+        const auto& g = r.gen;
+        string_attribute(d.get(), "prompt", g.prompt, where);
+        string_attribute(d.get(), "negative_prompt", g.negative_prompt.value_or(""), where);
+        number_attribute<uint64_t>(d.get(), "seed", g.seed, H5T_NATIVE_UINT64, where);
+        // The request with the pipeline's defaults applied: every field is set.
+        number_attribute<int64_t>(d.get(), "height", g.height.value(), H5T_NATIVE_INT64, where);
+        number_attribute<int64_t>(d.get(), "width", g.width.value(), H5T_NATIVE_INT64, where);
+        number_attribute<int64_t>(d.get(), "steps", g.steps.value(), H5T_NATIVE_INT64, where);
+        number_attribute<double>(d.get(), "guidance", g.guidance.value(), H5T_NATIVE_DOUBLE, where);
+        number_attribute<double>(d.get(), "true_cfg_scale", g.true_cfg_scale.value(), H5T_NATIVE_DOUBLE, where);
+      };
+      if (images) {
+        make("images/" + r.id, H5T_NATIVE_UINT8,
+             {static_cast<hsize_t>(r.gen.height.value()), static_cast<hsize_t>(r.gen.width.value()), 3});
+      }
+      if (latents) {
+        make("latents/" + r.id, H5T_NATIVE_FLOAT,
+             {static_cast<hsize_t>(sr.latent_tokens), static_cast<hsize_t>(sr.latent_channels)});
+      }
     }
+    check_rc(H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL), where, "H5Fflush");
+  } catch (const CheckpointError& e) {
+    store_io_error("cannot create the HDF5 store", where, e.what());
   }
-  check_rc(H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL), where, "H5Fflush");
 }
 
 Hdf5Store::~Hdf5Store() = default;
@@ -148,7 +179,9 @@ void Hdf5Store::write(const std::string& id, const std::vector<uint8_t>& rgb, co
       throw Error(Error::Kind::Internal, fmt::format("{}: {} holds {} values, the image has {}", where, name,
                                                      H5Sget_simple_extent_npoints(space.get()), rgb.size()));
     }
-    check_rc(H5Dwrite(d.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, dxpl.get(), rgb.data()), where, name);
+    if (H5Dwrite(d.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, dxpl.get(), rgb.data()) < 0) {
+      write_failed(id, name, d.get(), where);
+    }
   }
   if (m.latents) {
     const std::string name = "latents/" + id;
@@ -159,23 +192,31 @@ void Hdf5Store::write(const std::string& id, const std::vector<uint8_t>& rgb, co
       throw Error(Error::Kind::Internal, fmt::format("{}: {} holds {} values, the latents have {}", where, name,
                                                      H5Sget_simple_extent_npoints(space.get()), l.numel()));
     }
-    check_rc(H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, dxpl.get(), l.data_ptr<float>()), where, name);
+    if (H5Dwrite(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, dxpl.get(), l.data_ptr<float>()) < 0) {
+      write_failed(id, name, d.get(), where);
+    }
   }
 }
 
 std::string Hdf5Store::finish(const std::set<std::string>& written) {
   Impl& m = *impl_;
   const std::string& where = m.tmp_path;
-  for (const auto& id : m.ids) {
-    if (written.count(id)) continue;
-    if (m.images) check_rc(H5Ldelete(m.file.get(), ("images/" + id).c_str(), H5P_DEFAULT), where, "H5Ldelete");
-    if (m.latents) check_rc(H5Ldelete(m.file.get(), ("latents/" + id).c_str(), H5P_DEFAULT), where, "H5Ldelete");
+  try {
+    for (const auto& id : m.ids) {
+      if (written.count(id)) continue;
+      if (m.images) check_rc(H5Ldelete(m.file.get(), ("images/" + id).c_str(), H5P_DEFAULT), where, "H5Ldelete");
+      if (m.latents) check_rc(H5Ldelete(m.file.get(), ("latents/" + id).c_str(), H5P_DEFAULT), where, "H5Ldelete");
+    }
+    if (!m.file.close()) {
+      throw CheckpointError(fmt::format("{}: closing failed: {}", where, checkpoint::h5_error_text()));
+    }
+  } catch (const CheckpointError& e) {
+    store_io_error("cannot finish the HDF5 store", where, e.what());
   }
-  if (!m.file.close()) throw CheckpointError(fmt::format("{}: closing failed: {}", where, checkpoint::h5_error_text()));
   MPI_Barrier(m.comm);
   if (m.rank == 0) {
     if (std::rename(m.tmp_path.c_str(), m.final_path.c_str()) != 0) {
-      throw CheckpointError(fmt::format("cannot rename {} to {}", m.tmp_path, m.final_path));
+      throw_io_error(fmt::format("cannot rename {} to", m.tmp_path), m.final_path, errno);
     }
   }
   MPI_Barrier(m.comm);
@@ -184,6 +225,7 @@ std::string Hdf5Store::finish(const std::set<std::string>& written) {
 
 std::set<std::string> Hdf5Store::stored_ids(const std::string& out_dir, bool images, bool latents) {
   std::set<std::string> in_images, in_latents;
+  checkpoint::h5_silence_errors();
   const fs::path dir = fs::path(out_dir) / "store";
   if (!fs::is_directory(dir)) return {};
   for (const auto& e : fs::directory_iterator(dir)) {

@@ -26,10 +26,12 @@
 #include "dist/session.h"
 #include "jobs/hdf5_store.h"
 #include "jobs/job_schedule.h"
+#include "jobs/merge_results.h"
 #include "jobs/output_folder.h"
 #include "jobs/progress.h"
 #include "jobs/request_list.h"
 #include "jobs/results_log.h"
+#include "jobs/run_status.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
@@ -45,6 +47,11 @@ std::atomic<int> g_stop{0};
 
 extern "C" void on_stop_signal(int) { g_stop.store(1); }
 
+// Thrown from the step callback once the TP group agreed to stop: leaves the
+// request mid-denoise (nothing of it is written or recorded; it runs again on
+// resume). Not a tprun::Error, so nothing on the way turns it into a failure.
+struct StopAgreed {};
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 struct Plan {
@@ -59,6 +66,7 @@ Plan read_plan(const RunOptions& o) {
   check_paths(p.manifest);
   p.requests = read_requests(p.manifest.requests, p.manifest.defaults);
   if (o.shard_count > 0) {
+    check_shard_count({o.shard_index, o.shard_count}, p.requests.size(), p.manifest.requests);
     std::vector<JobRequest> mine;
     for (size_t i = 0; i < p.requests.size(); ++i) {
       if (static_cast<int>(i % static_cast<size_t>(o.shard_count)) == o.shard_index) mine.push_back(p.requests[i]);
@@ -84,11 +92,12 @@ bool is_stale_temp(const fs::path& p) {
 // run(); the steps are collective in the order run() calls them.
 class JobRun {
  public:
-  JobRun(Session& session, const RunOptions& options)
-      : session_(session), options_(options), control_(session.watchdog()), rank_(session.rank()) {}
+  JobRun(Session& session, const RunOptions& options, StatusFile& status)
+      : session_(session), options_(options), status_(status), control_(session.watchdog()), rank_(session.rank()) {}
 
   int run() {
     validate();
+    status_.arm(stop_requested);  // the inputs (the status file's path among them) checked
     make_mesh();
     load();
     resume();
@@ -109,6 +118,7 @@ class JobRun {
   int results();
 
   void run_unit(const Unit& unit);
+  bool agree_stop();
   void write_outputs(const JobRequest& req, const pipelines::GenerationResult& res, ResultRecord& rec);
   void write_record(const ResultRecord& r);
   void handle_message(Tag tag, const std::string& payload);
@@ -116,6 +126,7 @@ class JobRun {
 
   Session& session_;
   const RunOptions& options_;
+  StatusFile& status_;
   dist::ControlPlane control_;
   const int rank_;
 
@@ -134,7 +145,7 @@ class JobRun {
   // The loop's tallies (world rank 0 sums the records of every replica).
   std::unique_ptr<Progress> progress_;
   double stage_sums_[3] = {0, 0, 0};  // encode, denoise, decode over this run's records
-  int64_t failed_ = 0;
+  int64_t failed_ = 0, recorded_ = 0;  // recorded_: records of this run (an interrupted one has fewer)
   int finishes_ = 0, interrupted_replicas_ = 0;
   bool interrupted_ = false;
   double compute_s_ = 0, loop_s_ = 0;
@@ -245,7 +256,8 @@ void JobRun::resume() {
                        r.id);
         }
         if (rec.status == "done" && image_ok && m.png) {
-          const std::string why = pipelines::png_incomplete((images_ / (r.id + ".png")).string());
+          // Whole (every CRC), a regular file, no symlink leading out of the folder.
+          const std::string why = output_file_problem(out_dir_.string(), "images/" + r.id + ".png");
           if (!why.empty()) {
             spdlog::warn("request {}: recorded done, but {} is incomplete ({}); it runs again", r.id,
                          (images_ / (r.id + ".png")).string(), why);
@@ -334,6 +346,7 @@ std::vector<std::pair<std::string, std::string>> JobRun::png_text(const JobReque
 
 void JobRun::write_record(const ResultRecord& r) {
   log_->append(r);
+  ++recorded_;
   stage_sums_[0] += r.encode_s;
   stage_sums_[1] += r.denoise_s;
   stage_sums_[2] += r.decode_s;
@@ -401,7 +414,16 @@ void JobRun::run_unit(const Unit& unit) {
   }
   const auto t0 = Clock::now();
   try {
-    auto results = pipe_->generate_batch(gens, [&](int64_t, int64_t, double) { drain(); });
+    // A stop is agreed at every denoise step, not only between requests: a
+    // request can take longer than the launcher's grace before its SIGKILL.
+    auto results = pipe_->generate_batch(gens, [&](int64_t step, int64_t steps, double) {
+      drain();
+      if (!agree_stop()) return;
+      if (rank_ == 0) {
+        spdlog::info("stopping at step {} of {} of {}; it runs again on resume", step + 1, steps, unit.front()->id);
+      }
+      throw StopAgreed{};
+    });
     for (size_t k = 0; k < unit.size(); ++k) {
       const JobRequest& req = *unit[k];
       const auto& res = results[k];
@@ -416,6 +438,9 @@ void JobRun::run_unit(const Unit& unit) {
       if (leader) write_outputs(req, res, rec);
       rec.status = "done";
     }
+  } catch (const StopAgreed&) {
+    compute_s_ += seconds_since(t0);
+    throw;
   } catch (const RequestError& e) {
     for (auto& rec : recs) {
       rec.status = "failed";
@@ -435,6 +460,17 @@ void JobRun::run_unit(const Unit& unit) {
   drain();
 }
 
+// Whether this replica stops now (SIGTERM / SIGINT on any of its ranks): an
+// AllReduce of the flag over the TP group (MPI, a few bytes), so that all its
+// ranks stop at the same point. World rank 0 writes the verdict at once.
+bool JobRun::agree_stop() {
+  at::Tensor stop = at::full({1}, stop_requested() ? 1 : 0, at::TensorOptions().dtype(at::kInt));
+  if (mesh_->tp_size() > 1) mesh_->tp().all_reduce(stop, {dist::ReduceOp::Max});
+  if (stop.item<int>() == 0) return false;
+  if (rank_ == 0) status_.interrupted();
+  return true;
+}
+
 // 6. Each replica runs its units in order; all TP ranks of a replica run the
 //    same unit. Before each unit the TP group agrees whether to stop
 //    (SIGTERM / SIGINT). World rank 0 takes every replica's records.
@@ -445,13 +481,16 @@ void JobRun::replica_loop() {
                                          mode == "none" ? 1e18 : 10.0);
   loop_start_ = Clock::now();
   for (const Unit& unit : mine_) {
-    at::Tensor stop = at::full({1}, stop_requested() ? 1 : 0, at::TensorOptions().dtype(at::kInt));
-    if (mesh_->tp_size() > 1) mesh_->tp().all_reduce(stop, {dist::ReduceOp::Max});
-    if (stop.item<int>() != 0) {
+    if (agree_stop()) {
       interrupted_ = true;
       break;
     }
-    run_unit(unit);
+    try {
+      run_unit(unit);
+    } catch (const StopAgreed&) {
+      interrupted_ = true;
+      break;
+    }
   }
   loop_s_ = seconds_since(loop_start_);
   const bool leader = mesh_->tp_rank() == 0;
@@ -497,7 +536,7 @@ int JobRun::results() {
                  encodes[1].item<int64_t>());
     const double wall = seconds_since(loop_start_);
     const double total = stage_sums_[0] + stage_sums_[1] + stage_sums_[2];
-    const int64_t ran = static_cast<int64_t>(todo_.size());
+    const int64_t ran = recorded_;
     auto share = [&](double x) { return total > 0 ? 100 * x / total : 0.0; };
     spdlog::info("summary: {} run ({} failed) in {:.2f} s, {:.3f} img/s; stage shares encode {:.1f}% denoise {:.1f}% "
                  "decode+write {:.1f}%; replica 0 runner overhead {:.2f}% ({:.3f} s of {:.3f} s)",
@@ -520,32 +559,9 @@ int JobRun::results() {
 }  // namespace
 
 void parse_shard(const std::string& text, RunOptions& o) {
-  auto env_int = [](const char* name) -> long {
-    const char* v = std::getenv(name);
-    if (!v || !*v) throw ConfigError(fmt::format("--shard slurm: {} is not set (not a Slurm job array task)", name), true);
-    char* end = nullptr;
-    const long x = std::strtol(v, &end, 10);
-    if (*end != '\0') throw ConfigError(fmt::format("--shard slurm: {}='{}' is not a number", name, v), true);
-    return x;
-  };
-  long index = 0, count = 0;
-  if (text == "slurm") {
-    index = env_int("SLURM_ARRAY_TASK_ID") - env_int("SLURM_ARRAY_TASK_MIN");
-    count = env_int("SLURM_ARRAY_TASK_COUNT");
-  } else {
-    const size_t slash = text.find('/');
-    char* end = nullptr;
-    if (slash == std::string::npos) throw ConfigError(fmt::format("--shard '{}': expected I/N or 'slurm'", text), true);
-    index = std::strtol(text.c_str(), &end, 10);
-    if (end != text.c_str() + slash) throw ConfigError(fmt::format("--shard '{}': expected I/N or 'slurm'", text), true);
-    count = std::strtol(text.c_str() + slash + 1, &end, 10);
-    if (*end != '\0') throw ConfigError(fmt::format("--shard '{}': expected I/N or 'slurm'", text), true);
-  }
-  if (count < 1 || index < 0 || index >= count) {
-    throw ConfigError(fmt::format("--shard {}: chunk {} of {} is out of range (0 <= I < N)", text, index, count), true);
-  }
-  o.shard_index = static_cast<int>(index);
-  o.shard_count = static_cast<int>(count);
+  const ShardSpec shard = parse_shard_spec(text);
+  o.shard_index = shard.index;
+  o.shard_count = shard.count;
 }
 
 void install_stop_handlers() {
@@ -561,28 +577,18 @@ void install_stop_handlers() {
 
 bool stop_requested() { return g_stop.load() != 0; }
 
-// --status-file: rank 0 writes the exit code every rank returns.
-static void write_status(const RunOptions& o, int rank, int code) {
-  if (o.status_file.empty() || rank != 0) return;
-  const char* state = code == 0 ? "finished" : code == kExitInterrupted ? "interrupted"
-                      : code == kExitSomeFailed ? "finished_with_failures" : "error";
-  try {
-    write_file_atomic(o.status_file,
-                      nlohmann::json{{"exit_code", code}, {"state", state}, {"manifest", o.manifest}}.dump() + "\n");
-  } catch (const Error& e) {
-    spdlog::warn("--status-file: {}", e.what());
-  }
-}
-
+// --status-file: rank 0 writes the exit code every rank returns (and 75 as
+// soon as a stop is requested, see run_status.h).
 int run_job(Session& session, const RunOptions& options) {
+  StatusFile status(options.status_file, options.manifest, session.rank() == 0);
   int code = 0;
   try {
-    code = JobRun(session, options).run();
+    code = JobRun(session, options, status).run();
   } catch (const Error& e) {
-    write_status(options, session.rank(), e.exit_code());
+    status.finish(e.exit_code());
     throw;
   }
-  write_status(options, session.rank(), code);
+  status.finish(code);
   return code;
 }
 

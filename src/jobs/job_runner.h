@@ -33,9 +33,12 @@
 //     images/<id>.png (atomically) and sends its record to world rank 0,
 //     the one writer of results.jsonl (appended and flushed per request).
 //  6. SIGTERM / SIGINT: each replica agrees (an AllReduce of the flag over its
-//     TP group before each request) to stop after the current request; the
-//     results are flushed and the process exits with kInterrupted (75), which
-//     requeue scripts recognise. A rank that dies ends the job through the
+//     TP group before each request and at every denoise step) to stop; the
+//     request it was on is dropped (nothing of it written; it runs again on
+//     resume), the results are flushed and the process exits with
+//     kInterrupted (75), which requeue scripts recognise. With --status-file,
+//     rank 0 writes 75 there as soon as it sees the signal (run_status.h), so
+//     a launcher that kills after its grace time still leaves the verdict. A rank that dies ends the job through the
 //     launcher (and the collective watchdog); what was written stays intact.
 
 #include <string>

@@ -1,7 +1,12 @@
 #include "jobs/job_schedule.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
+
+#include <fmt/format.h>
+
+#include "runtime/error.h"
 
 namespace tprun::jobs {
 
@@ -53,6 +58,68 @@ std::vector<std::vector<Unit>> assign_units(std::vector<Unit> units, int replica
     out[best].push_back(std::move(units[i]));
   }
   return out;
+}
+
+namespace {
+
+// Decimal digits only, at most kMaxShardCount; nullopt otherwise (strtol would take a sign, leading
+// space and wrap through a cast to int).
+std::optional<long> shard_number(const std::string& s) {
+  if (s.empty() || s.size() > 9) return std::nullopt;
+  long x = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    x = x * 10 + (c - '0');
+  }
+  if (x > kMaxShardCount) return std::nullopt;
+  return x;
+}
+
+}  // namespace
+
+ShardSpec parse_shard_spec(const std::string& text) {
+  const std::string usage = fmt::format(
+      "--shard '{}': expected I/N (decimal numbers, 0 <= I < N <= {}) or 'slurm'", text, kMaxShardCount);
+  long index = 0, count = 0;
+  if (text == "slurm") {
+    auto env_number = [](const char* name) -> long {
+      const char* v = std::getenv(name);
+      if (!v || !*v) {
+        throw ConfigError(fmt::format("--shard slurm: {} is not set (not a Slurm job array task)", name), true);
+      }
+      const auto x = shard_number(v);
+      if (!x) {
+        throw ConfigError(fmt::format("--shard slurm: {}='{}' is not a number from 0 to {}", name, v,
+                                      kMaxShardCount),
+                          true);
+      }
+      return *x;
+    };
+    index = env_number("SLURM_ARRAY_TASK_ID") - env_number("SLURM_ARRAY_TASK_MIN");
+    count = env_number("SLURM_ARRAY_TASK_COUNT");
+  } else {
+    const size_t slash = text.find('/');
+    if (slash == std::string::npos) throw ConfigError(usage, true);
+    const auto i = shard_number(text.substr(0, slash));
+    const auto n = shard_number(text.substr(slash + 1));
+    if (!i || !n) throw ConfigError(usage, true);
+    index = *i;
+    count = *n;
+  }
+  if (count < 1 || index < 0 || index >= count) {
+    throw ConfigError(fmt::format("--shard {}: chunk {} of {} is out of range (0 <= I < N)", text, index, count),
+                      true);
+  }
+  return ShardSpec{static_cast<int>(index), static_cast<int>(count)};
+}
+
+void check_shard_count(const ShardSpec& shard, size_t requests, const std::string& requests_file) {
+  if (static_cast<size_t>(shard.count) > requests) {
+    throw ConfigError(fmt::format("--shard {}/{}: {} chunks, but {} holds only {} request(s): use at most {} "
+                                  "chunks (a larger count leaves chunks empty)",
+                                  shard.index, shard.count, shard.count, requests_file, requests, requests),
+                      true);
+  }
 }
 
 }  // namespace tprun::jobs

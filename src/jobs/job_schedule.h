@@ -28,4 +28,22 @@ std::vector<Unit> make_units(const std::vector<const JobRequest*>& todo, int64_t
 std::vector<std::vector<Unit>> assign_units(std::vector<Unit> units, int replicas,
                                             const std::function<double(const JobRequest&)>& cost);
 
+// --shard: chunk `index` of `count` of the requests.
+struct ShardSpec {
+  int index = 0;
+  int count = 0;
+};
+
+// The most chunks --shard accepts (Slurm's own MaxArraySize tops out at 4,000,001).
+constexpr long kMaxShardCount = 10000000;
+
+// Parses "I/N" (decimal digits only: no sign, space or overflow; 0 <= I < N <= kMaxShardCount) or
+// "slurm" (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN of SLURM_ARRAY_TASK_COUNT, checked alike).
+// ConfigError naming --shard.
+ShardSpec parse_shard_spec(const std::string& text);
+
+// Refuses a count past the number of requests (some chunks would be empty): ConfigError naming
+// --shard and the requests file.
+void check_shard_count(const ShardSpec& shard, size_t requests, const std::string& requests_file);
+
 }  // namespace tprun::jobs

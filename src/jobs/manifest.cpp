@@ -9,7 +9,6 @@
 #include <sstream>
 #include <cstring>
 #include <map>
-#include <regex>
 #include <set>
 
 #include <fmt/format.h>
@@ -19,9 +18,11 @@
 #define TOML_ASSERT(expr) static_cast<void>(0)
 #include <toml++/toml.h>
 
+#include "jobs/output_folder.h"
 #include "memory/memory_options.h"
 #include "runtime/error.h"
 #include "runtime/size_string.h"
+#include "runtime/user_pattern.h"
 
 namespace tprun::jobs {
 namespace fs = std::filesystem;
@@ -99,7 +100,11 @@ struct Reader {
     } else {
       doc.fail(key(k), n, fmt::format("must be a number, found {}", type_name(n)));
     }
-    if (!(v >= lo && v <= hi)) doc.fail(key(k), n, fmt::format("{} is outside [{}, {}]", v, lo, hi));
+    if (!(v >= lo && v <= hi)) {
+      // An integer as written (INT64_MAX, not its double 9.223372036854776e+18).
+      const std::string shown = n.is_integer() ? std::to_string(n.as_integer()->get()) : fmt::format("{}", v);
+      doc.fail(key(k), n, fmt::format("{} is outside [{}, {}]", shown, lo, hi));
+    }
     return v;
   }
   bool boolean(const std::string& k, const toml::node& n) const {
@@ -234,11 +239,7 @@ void walk_memory(const Doc& doc, const toml::table& table, memory::MemoryOptions
                   std::vector<std::string> patterns;
                   for (const auto& e : *v2.as_array()) {
                     const std::string p = r2.str(f2, e);
-                    try {
-                      std::regex re(p, std::regex::ECMAScript);
-                    } catch (const std::regex_error& err) {
-                      doc.fail(r2.key(f2), e, fmt::format("'{}' is not a regular expression ({})", p, err.what()));
-                    }
+                    if (auto why = user_pattern_problem(p)) doc.fail(r2.key(f2), e, *why);
                     patterns.push_back(p);
                   }
                   mo.layerwise_skip = std::move(patterns);
@@ -248,9 +249,11 @@ void walk_memory(const Doc& doc, const toml::table& table, memory::MemoryOptions
   handlers["offload"] = [&](const Reader& r, const std::string& f, const toml::node& v) {
     walk_offload(doc, r.key(f), v, mo.offload);
   };
+  const toml::node* offload_folder_node = nullptr;
   handlers["offload_folder"] = [&](const Reader& r, const std::string& f, const toml::node& v) {
     mo.offload_folder = r.str(f, v);
     if (mo.offload_folder.empty()) doc.fail(r.key(f), v, "must name a folder");
+    offload_folder_node = &v;
   };
   handlers["device_map"] = [&](const Reader& r, const std::string& f, const toml::node& v) {
     const std::string key = r.key(f);
@@ -294,6 +297,12 @@ void walk_memory(const Doc& doc, const toml::table& table, memory::MemoryOptions
     }
   };
   walk(doc, table, "memory.", handlers);
+  // Only a device map's "disk" entries use it: alone it would be ignored without a word.
+  if (offload_folder_node != nullptr && !mo.offload_folder.empty() && !mo.device_mapped()) {
+    doc.fail("memory.offload_folder", *offload_folder_node,
+             "is only used with memory.device_map (its \"disk\" entries); for group offload to disk set "
+             "memory.offload.disk_path");
+  }
 }
 
 std::string resolve(const std::string& manifest, const std::string& p) {
@@ -485,6 +494,9 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path, c
                 }},
                {"negative_prompt", [&](const Reader& r, const std::string& f, const toml::node& v) {
                   const std::string text = r.str(f, v);
+                  // Refused here, not by every request after the load (PNG text cannot carry a NUL).
+                  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+                    doc.fail(r.key(f), v, fmt::format("holds a NUL character (at byte {})", nul));
                   if (text.empty()) d.negative_prompt.reset();
                   else d.negative_prompt = text;
                 }},
@@ -529,6 +541,20 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path, c
   m.model = place("model", m.model);
   m.requests = place("requests", m.requests);
   m.output_dir = place("output.dir", m.output_dir);
+  // The offload folders like the other paths: from the manifest's folder, or
+  // the current one when --set gave them (the key or a table above it).
+  auto from_command_line = [&](const std::string& key) {
+    for (const auto& o : doc.overridden) {
+      if (key == o || key.rfind(o + ".", 0) == 0) return true;
+    }
+    return false;
+  };
+  auto place_folder = [&](const std::string& key, std::string& value) {
+    if (value.empty()) return;
+    value = from_command_line(key) ? fs::absolute(value).lexically_normal().string() : resolve(path, value);
+  };
+  place_folder("memory.offload.disk_path", m.memory.offload.disk_path);
+  place_folder("memory.offload_folder", m.memory.offload_folder);
   return m;
 }
 
@@ -540,6 +566,8 @@ void check_paths(const Manifest& m) {
   if (!fs::is_regular_file(m.requests)) {
     throw ConfigError(fmt::format("{}: requests: {}: no such file", m.path, m.requests), true);
   }
+  // The offload folders are written to: never inside the model folder, never an input.
+  check_offload_folders(m.memory, m.path, job_inputs(m));
 }
 
 memory::MemoryOptions parse_memory_overrides(const std::vector<Override>& settings) {

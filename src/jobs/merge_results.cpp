@@ -1,11 +1,20 @@
 #include "jobs/merge_results.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <set>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
+#include "jobs/output_folder.h"
 #include "jobs/results_log.h"
+#include "pipelines/png_image.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
@@ -13,96 +22,352 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Hard link, or copy where a link cannot be made; an existing identical target is kept.
-void place(const fs::path& from, const fs::path& to) {
-  std::error_code ec;
-  if (fs::exists(to)) {
-    if (fs::equivalent(from, to, ec)) return;
-    fs::remove(to);
-  }
-  fs::create_directories(to.parent_path());
-  fs::create_hard_link(from, to, ec);
-  if (ec) fs::copy_file(from, to, fs::copy_options::overwrite_existing);
-}
-
 std::string chunk_name(const std::string& dir) {
   fs::path p = fs::path(dir).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
   return p.filename().string();
 }
 
+// "shard-I-of-N" (the folders `tprun run --shard I/N` writes) -> I, N.
+bool shard_of(const std::string& name, int64_t& index, int64_t& count) {
+  auto number = [&](size_t& at, int64_t& v) {
+    const size_t from = at;
+    v = 0;
+    while (at < name.size() && at - from < 9 && name[at] >= '0' && name[at] <= '9') v = v * 10 + (name[at++] - '0');
+    return at > from;
+  };
+  if (name.rfind("shard-", 0) != 0) return false;
+  size_t at = 6;
+  if (!number(at, index) || name.compare(at, 4, "-of-") != 0) return false;
+  at += 4;
+  return number(at, count) && at == name.size() && index < count;
+}
+
+// Chunk folders named shard-I-of-N are an array: every I in 0..N-1 is given,
+// or (partial) the missing ones are named in a warning.
+void check_array(const std::vector<std::string>& dirs, const MergeOptions& options, MergeSummary& s) {
+  std::map<int64_t, std::set<int64_t>> by_count;
+  for (const auto& d : dirs) {
+    int64_t i = 0, n = 0;
+    if (!shard_of(chunk_name(d), i, n)) return;  // not (all) array chunks: nothing to compare
+    by_count[n].insert(i);
+  }
+  if (by_count.size() > 1) {
+    std::string splits;
+    for (const auto& [n, have] : by_count) splits += fmt::format("{}of-{}", splits.empty() ? "" : ", ", n);
+    throw ConfigError(fmt::format("merge-results: the chunks come from different splits ({}); only the chunks of one "
+                                  "`--shard I/N` array hold each request once",
+                                  splits),
+                      true);
+  }
+  const auto& [n, have] = *by_count.begin();
+  const int64_t missing = n - static_cast<int64_t>(have.size());
+  if (missing == 0) return;
+  std::string list;
+  for (int64_t i = 0; i < n && s.missing_chunks.size() < 8; ++i) {
+    if (!have.count(i)) s.missing_chunks.push_back(fmt::format("shard-{}-of-{}", i, n));
+  }
+  for (const auto& m : s.missing_chunks) list += (list.empty() ? "" : ", ") + m;
+  if (missing > static_cast<int64_t>(s.missing_chunks.size())) {
+    list += fmt::format(" and {} more", missing - static_cast<int64_t>(s.missing_chunks.size()));
+  }
+  if (!options.partial) {
+    throw ConfigError(fmt::format("merge-results: {} of the {} chunks of the array are not given: {}; name every "
+                                  "chunk folder, or pass --partial to merge these alone",
+                                  missing, n, list),
+                      true);
+  }
+  spdlog::warn("merge-results: --partial: {} of the {} chunks of the array are not merged: {}; their requests are "
+               "not in the merged results",
+               missing, n, list);
+}
+
+// --out is no chunk, not inside one, and holds no results.jsonl that
+// merge-results did not write; its images/ and store/ are its own folders.
+void check_out(const std::string& out_dir, const fs::path& out, const std::vector<std::string>& dirs,
+               const std::vector<fs::path>& chunks) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (out == chunks[i]) {
+      throw ConfigError(fmt::format("merge-results: --out {} is the chunk folder {}: the merged results.jsonl would "
+                                    "replace the chunk's own; pick another --out (the folder that holds the chunks "
+                                    "is fine)",
+                                    out_dir, dirs[i]),
+                        true);
+    }
+    if (path_within(out, chunks[i])) {
+      throw ConfigError(fmt::format("merge-results: --out {} is inside the chunk folder {}; pick a folder outside "
+                                    "the chunks",
+                                    out_dir, dirs[i]),
+                        true);
+    }
+  }
+  std::error_code ec;
+  const auto st = fs::status(out, ec);
+  if (!fs::exists(st)) return;
+  if (!fs::is_directory(st)) throw ConfigError(fmt::format("merge-results: --out {} is not a folder", out_dir), true);
+  if (fs::exists(fs::symlink_status(out / "results.jsonl", ec)) &&
+      !fs::exists(fs::symlink_status(out / kMergedMarker, ec))) {
+    throw ConfigError(fmt::format("merge-results: --out {} holds a results.jsonl that merge-results did not write (a "
+                                  "run's own log, or a chunk's): the merge would replace it; pick another --out",
+                                  out_dir),
+                      true);
+  }
+  for (const char* sub : {"images", "store"}) {
+    if (fs::is_symlink(fs::symlink_status(out / sub, ec))) {
+      throw ConfigError(fmt::format("merge-results: --out {}: {} is a symbolic link; the merged files must land "
+                                    "inside --out: remove it",
+                                    out_dir, (out / sub).string()),
+                        true);
+    }
+  }
+}
+
+// The merged folder's files, placed all or nothing: each file hard-linked
+// (copied across file systems) under a temporary name next to its place, then
+// all renamed into place and results.jsonl written last. Until commit()
+// returns, destruction removes the temporaries, the folders made and --out
+// itself when this merge created it.
+class Staging {
+ public:
+  explicit Staging(fs::path out) : out_(std::move(out)) {
+    std::error_code ec;
+    for (fs::path p = out_; !p.empty() && !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path()) {
+      created_root_ = p;
+      if (p == p.parent_path()) break;
+    }
+    fs::create_directories(out_, ec);
+    if (ec) throw_io_error("merge-results: cannot create --out", out_.string(), ec.value());
+    try {
+      lock_ = OutputLock::acquire(out_.string());  // one writer of --out: no run, no other merge
+    } catch (...) {
+      rollback();
+      throw;
+    }
+    // Temporaries of a merge that was killed (only merges make these names; the lock is ours).
+    ec.clear();
+    for (const char* sub : {"images", "store"}) {
+      for (fs::directory_iterator it(out_ / sub, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string n = it->path().filename().string();
+        std::error_code fec;
+        if (n[0] == '.' && n.find(".tmp-merge-") != std::string::npos && it->is_regular_file(fec)) {
+          fs::remove(it->path(), fec);
+        }
+      }
+      ec.clear();
+    }
+  }
+  ~Staging() {
+    if (!committed_) rollback();
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  // `src`: a resolved regular file; `dst`: a plain relative path.
+  void stage(const fs::path& src, const std::string& dst) {
+    const fs::path to = out_ / dst;
+    std::error_code ec;
+    const auto st = fs::symlink_status(to, ec);
+    if (fs::is_directory(st)) {
+      throw ConfigError(fmt::format("merge-results: {} is a folder; the merged file {} cannot go there", to.string(),
+                                    dst),
+                        true);
+    }
+    if (fs::is_regular_file(st) && fs::equivalent(src, to, ec)) return;  // merged before: already this file
+    make_folders(to.parent_path());
+    const fs::path tmp = to.parent_path() / fmt::format(".{}.tmp-merge-{}", to.filename().string(), ::getpid());
+    fs::remove(tmp, ec);
+    fs::create_hard_link(src, tmp, ec);
+    if (ec) {
+      ec.clear();
+      fs::copy_file(src, tmp, fs::copy_options::overwrite_existing, ec);
+      if (ec) {
+        fs::remove(tmp, ec);
+        throw_io_error(fmt::format("merge-results: cannot link or copy {} to", src.string()), tmp.string(),
+                       ec ? ec.value() : EIO);
+      }
+    }
+    temps_.emplace_back(tmp.string(), to.string());
+  }
+
+  void commit(const std::string& log, const std::string& marker) {
+    for (; renamed_ < temps_.size(); ++renamed_) {
+      const auto& [tmp, to] = temps_[renamed_];
+      if (::rename(tmp.c_str(), to.c_str()) != 0) throw_io_error("merge-results: cannot rename into", to, errno);
+    }
+    write_file_atomic((out_ / kMergedMarker).string(), marker);
+    write_file_atomic((out_ / "results.jsonl").string(), log);
+    committed_ = true;
+  }
+
+ private:
+  void make_folders(const fs::path& dir) {
+    std::error_code ec;
+    std::vector<fs::path> fresh;
+    for (fs::path p = dir; p != out_ && !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path()) {
+      fresh.push_back(p);
+    }
+    fs::create_directories(dir, ec);
+    if (ec) throw_io_error("merge-results: cannot create", dir.string(), ec.value());
+    made_.insert(made_.end(), fresh.rbegin(), fresh.rend());
+  }
+
+  void rollback() noexcept {
+    std::error_code ec;
+    for (size_t i = renamed_; i < temps_.size(); ++i) fs::remove(temps_[i].first, ec);
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) fs::remove(*it, ec);  // only when empty
+    lock_.reset();
+    if (!created_root_.empty()) fs::remove_all(created_root_, ec);
+  }
+
+  fs::path out_, created_root_;
+  std::unique_ptr<OutputLock> lock_;
+  std::vector<std::pair<std::string, std::string>> temps_;  // temporary name, place
+  std::vector<fs::path> made_;                              // folders created inside --out, outermost first
+  size_t renamed_ = 0;
+  bool committed_ = false;
+};
+
 }  // namespace
 
-MergeSummary merge_results(const std::vector<std::string>& chunk_dirs, const std::string& out_dir) {
+std::string output_file_problem(const std::string& dir, const std::string& rel, std::string* real) {
+  std::error_code ec;
+  const fs::path base = fs::canonical(dir, ec);
+  if (ec) return fmt::format("its folder {} cannot be resolved ({})", dir, ec.message());
+  const fs::path p = base / rel;
+  if (!fs::exists(fs::symlink_status(p, ec))) return "does not exist";
+  const fs::path r = fs::canonical(p, ec);  // every symlink along the path followed
+  if (ec) return fmt::format("cannot be resolved ({})", ec.message());
+  if (!path_within(r, base)) return fmt::format("leads outside {} through a symbolic link (to {})", dir, r.string());
+  const auto st = fs::status(r, ec);
+  if (!fs::is_regular_file(st)) return fs::is_directory(st) ? "is a folder, not a file" : "is not a regular file";
+  if (r.extension() == ".png") {
+    const std::string why = pipelines::png_incomplete(r.string());
+    if (!why.empty()) return why;
+  }
+  if (real != nullptr) *real = r.string();
+  return "";
+}
+
+MergeSummary merge_results(const std::vector<std::string>& chunk_dirs, const std::string& out_dir,
+                           const MergeOptions& options) {
   if (chunk_dirs.empty()) throw ConfigError("merge-results: name at least one chunk folder", true);
+  // 1. The chunks and --out, before anything is read or written.
+  std::vector<fs::path> chunks;
+  for (const auto& dir : chunk_dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) throw ConfigError(fmt::format("merge-results: {} is not a folder", dir), true);
+    if (!fs::is_regular_file(fs::path(dir) / "results.jsonl", ec)) {
+      throw ConfigError(fmt::format("merge-results: {} has no results.jsonl", dir), true);
+    }
+    const fs::path c = fs::canonical(dir, ec);
+    if (ec) throw_io_error("merge-results: cannot resolve", dir, ec.value());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (chunks[i] == c) {
+        throw ConfigError(fmt::format("merge-results: the chunk folder {} is named twice ({})", dir, chunk_dirs[i]),
+                          true);
+      }
+    }
+    chunks.push_back(c);
+  }
+  const fs::path out = real_path(out_dir);
+  check_out(out_dir, out, chunk_dirs, chunks);
+  MergeSummary s;
+  check_array(chunk_dirs, options, s);
+
+  // 2. Each chunk locked shared (a chunk whose run is still writing is
+  //    refused), its log read (record paths checked), one record per id.
+  std::vector<std::unique_ptr<OutputLock>> locks;
   struct Origin {
     ResultRecord rec;
     std::string dir;
   };
   std::map<std::string, Origin> merged;
-  MergeSummary s;
   for (const auto& dir : chunk_dirs) {
-    if (!fs::is_regular_file(fs::path(dir) / "results.jsonl")) {
-      throw ConfigError(fmt::format("merge-results: {} has no results.jsonl", dir), true);
+    try {
+      locks.push_back(OutputLock::acquire_shared(dir));
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("merge-results: chunk {}: {}", dir, e.what()), true);
     }
     ResultsLog log(dir);
     ++s.chunks;
     for (const auto& [id, rec] : log.records()) {
       auto it = merged.find(id);
       if (it != merged.end() && it->second.rec.status == "done" && rec.status == "done") {
-        throw ConfigError(fmt::format("merge-results: request '{}' is done in both {} and {}", id, it->second.dir, dir),
+        throw ConfigError(fmt::format("merge-results: request '{}' is done in both {} and {}", clip_text(id),
+                                      it->second.dir, dir),
                           true);
       }
       if (it == merged.end() || rec.status == "done") merged[id] = {rec, dir};
     }
   }
-  const fs::path out(out_dir);
-  fs::create_directories(out);
-  std::map<std::string, std::string> stores;  // source store file -> name in the merged folder
+
+  // 3. Every file to place, checked: inside its chunk, regular, PNGs whole.
+  std::vector<std::pair<std::string, std::string>> places;  // resolved source, place in --out
+  std::map<std::string, std::string> taken;                 // place -> resolved source
+  std::map<std::string, std::string> stores;                // resolved store file -> place
+  auto add = [&](const std::string& src, const std::string& dst, const std::string& what) {
+    auto [it, fresh] = taken.emplace(dst, src);
+    if (fresh) {
+      places.emplace_back(src, dst);
+    } else if (it->second != src) {
+      throw ConfigError(fmt::format("merge-results: {} and {} would both become {}", what, it->second,
+                                    (fs::path(out_dir) / dst).string()),
+                        true);
+    }
+  };
+  auto checked = [](const std::string& dir, const std::string& file, const std::string& what) {
+    std::string real;
+    const std::string why = output_file_problem(dir, file, &real);
+    if (!why.empty()) {
+      throw ConfigError(fmt::format("merge-results: {}{}: {}; nothing was merged", (fs::path(dir) / file).string(),
+                                    what, why),
+                        true);
+    }
+    return real;
+  };
   // Every finished store file of every chunk (a record's path names only one format).
   for (const auto& dir : chunk_dirs) {
     const fs::path sd = fs::path(dir) / "store";
-    if (!fs::is_directory(sd)) continue;
-    for (const auto& e : fs::directory_iterator(sd)) {
-      const std::string n = e.path().filename().string();
-      if (!e.is_regular_file() || n.empty() || n[0] == '.' || e.path().extension() != ".h5") continue;
-      const std::string name = fmt::format("store/{}-{}", chunk_name(dir), n);
-      stores.emplace(e.path().string(), name);
-      place(e.path(), out / name);
-      ++s.files;
+    std::error_code ec;
+    if (!fs::is_directory(sd, ec)) continue;
+    for (fs::directory_iterator it(sd, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string n = it->path().filename().string();
+      if (n.empty() || n[0] == '.' || it->path().extension() != ".h5") continue;
+      const std::string src = checked(dir, "store/" + n, "");
+      const std::string dst = fmt::format("store/{}-{}", chunk_name(dir), n);
+      stores.emplace(src, dst);
+      add(src, dst, (fs::path(dir) / "store" / n).string());
     }
+    if (ec) throw_io_error("merge-results: cannot list", sd.string(), ec.value());
   }
   std::string lines;
   for (auto& [id, o] : merged) {
     ResultRecord r = o.rec;
     if (r.status == "done" && !r.path.empty()) {
-      const std::string file = r.path.substr(0, r.path.find(':'));
+      const std::string file = record_file(r.path);
       const std::string rest = r.path.substr(file.size());
-      const fs::path src = fs::path(o.dir) / file;
-      if (!fs::is_regular_file(src)) {
-        throw ConfigError(fmt::format("merge-results: {}: request '{}' names {}, which does not exist", o.dir, id,
-                                      src.string()),
-                          true);
-      }
+      const std::string log = (fs::path(o.dir) / "results.jsonl").string();
+      const std::string src = checked(o.dir, file, fmt::format(" (request '{}' in {})", clip_text(id), log));
       std::string dst = file;
       if (file.rfind("store/", 0) == 0) {  // store files of several chunks may share a name
-        auto [it, fresh] = stores.emplace(src.string(), "");
-        if (fresh) {
-          it->second = fmt::format("store/{}-{}", chunk_name(o.dir), src.filename().string());
-          place(src, out / it->second);
-          ++s.files;
-        }
+        auto [it, fresh] = stores.emplace(src, "");
+        if (fresh) it->second = fmt::format("store/{}-{}", chunk_name(o.dir), fs::path(file).filename().string());
         dst = it->second;
-      } else {
-        place(src, out / dst);
-        ++s.files;
       }
+      add(src, dst, fmt::format("{} (request '{}')", (fs::path(o.dir) / file).string(), clip_text(id)));
       r.path = dst + rest;
     }
     (r.status == "done" ? s.done : s.failed)++;
     lines += r.to_json().dump() + "\n";
   }
-  write_file_atomic((out / "results.jsonl").string(), lines);
+
+  // 4. All or nothing into --out (locked against runs and other merges).
+  Staging staging(out);
+  for (const auto& [src, dst] : places) staging.stage(src, dst);
+  nlohmann::json marker = {{"merged_by", "tprun merge-results"}, {"chunks", nlohmann::json::array()}};
+  for (const auto& c : chunks) marker["chunks"].push_back(c.string());
+  staging.commit(lines, marker.dump() + "\n");
+  s.files = static_cast<int64_t>(places.size());
   return s;
 }
 

@@ -11,8 +11,15 @@
 // only with the `flock` mount option (`localflock`: this node only;
 // `noflock`: refused, and the run goes on unlocked with a warning).
 
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
+
+namespace tprun::memory {
+struct MemoryOptions;
+}
 
 namespace tprun::jobs {
 
@@ -24,7 +31,16 @@ class OutputLock {
   // <dir> in use by pid N on HOST" when another process holds it; IoError
   // naming the lock file when it cannot be created. Where the file system has
   // no locks, returns a lock that holds nothing and sets `unsupported`.
+  // The lock file is opened without following a symlink: a lock path that is
+  // a symlink or not a regular file is a ConfigError naming it.
   static std::unique_ptr<OutputLock> acquire(const std::string& dir);
+  // A reader's lock (merge-results reading a finished chunk): a shared flock
+  // on an existing <dir>/.tprun.lock, opened read-only without following a
+  // symlink. A missing lock file gives a lock that holds nothing and creates
+  // nothing in `dir`. ConfigError "output folder <dir> in use by pid N on
+  // HOST" while a run holds the lock; ConfigError for a lock path that is not
+  // a regular file.
+  static std::unique_ptr<OutputLock> acquire_shared(const std::string& dir);
   ~OutputLock();
   OutputLock(const OutputLock&) = delete;
   OutputLock& operator=(const OutputLock&) = delete;
@@ -42,6 +58,13 @@ class OutputLock {
 
 inline constexpr const char* kLockFileName = ".tprun.lock";
 
+// `p` made absolute with the symlinks of its existing part resolved and made
+// normal, without a trailing separator: "model/x/../transformer/w" and a
+// symlinked folder both name the real place.
+std::filesystem::path real_path(const std::string& p);
+// `child` is `parent` or lies below it (both as real_path gives them).
+bool path_within(const std::filesystem::path& child, const std::filesystem::path& parent);
+
 // Checks, without writing anything, that `m.output_dir` may hold a job's
 // outputs: not the model folder nor inside it (ConfigError naming the
 // manifest and output.dir), not a file. Returns a warning ("" if none) for a
@@ -54,5 +77,52 @@ std::string check_output_placement(const Manifest& m);
 // can be created there now (IoError naming the path and the errno text:
 // read-only file system, permission, no space). Leaves nothing behind.
 void check_output_file(const std::string& path, const std::string& option);
+
+// ---- every path tprun writes -------------------------------------------------
+
+// What an output path will hold; an existing file there is replaced only when
+// tprun wrote it (Png: a "Software: tprun ..." text chunk; Tensors: the
+// safetensors metadata tprun's writer adds; Status: a JSON object with
+// exit_code and state). Folder: a folder tprun writes files into (offload,
+// shard). Forced: a file the user asked to replace (`convert --force`): only
+// the rules on what the command reads apply.
+enum class OutputKind { Png, Tensors, Status, Folder, Forced };
+
+// A path the command reads: `what` names it in messages ("the model folder").
+struct ReadPath {
+  std::string what;
+  std::string path;
+};
+
+// Refuses (ConfigError naming `option` and `path`, marked as raised on every
+// rank: every rank checks the same paths) an output path that
+//  - lies inside a folder the command reads (the model), or is that folder;
+//  - is a file the command reads, by path or as a hard link / symlink to it
+//    (compared by device and inode, symlinks resolved; every file below a read
+//    folder counts, so a weight reached through a Hugging Face cache symlink
+//    does too);
+//  - exists and is not something tprun wrote of this `kind` (or not a folder,
+//    for Folder).
+// Writes nothing. Call it before any work, before the model loads.
+void check_output_path(const std::string& path, const std::string& option, const std::vector<ReadPath>& reads,
+                       OutputKind kind);
+
+// What a job reads: its manifest, the model folder and the requests file.
+std::vector<ReadPath> job_inputs(const Manifest& m);
+
+// `tprun run --status-file`: check_output_path against what the manifest
+// reads (when it parses: otherwise against the manifest alone; its errors
+// are reported by the run itself), and never the job's results.jsonl or lock
+// file. Called on every rank before the run starts, so a refused status file
+// is never written.
+void check_status_file(const std::string& status_file, const std::string& manifest,
+                       const std::vector<std::pair<std::string, std::string>>& overrides);
+
+// The memory.offload.disk_path and memory.offload_folder folders of `m`
+// checked against what the job reads (the messages name the manifest and
+// the key). For the CLI's --memory, `where` is "--memory" and `reads` the
+// command's inputs.
+void check_offload_folders(const memory::MemoryOptions& mo, const std::string& where,
+                           const std::vector<ReadPath>& reads);
 
 }  // namespace tprun::jobs

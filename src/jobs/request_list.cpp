@@ -73,7 +73,11 @@ JobRequest parse_request_line(const std::string& text, const std::string& file, 
   auto number = [&](const std::string& k, const nlohmann::json& v, double lo, double hi) {
     if (!v.is_number()) fail(file, line, k, fmt::format("must be a number, found {}", clip_text(v.dump())));
     const double x = v.get<double>();
-    if (!(x >= lo && x <= hi)) fail(file, line, k, fmt::format("{} is outside [{}, {}]", x, lo, hi));
+    if (!(x >= lo && x <= hi)) {
+      // An integer as written (INT64_MAX, not its double 9.223372036854776e+18).
+      const std::string shown = v.is_number_integer() ? v.dump() : fmt::format("{}", x);
+      fail(file, line, k, fmt::format("{} is outside [{}, {}]", clip_text(shown), lo, hi));
+    }
     return x;
   };
   auto string = [&](const std::string& k, const nlohmann::json& v) {
@@ -128,6 +132,7 @@ JobRequest parse_request_line(const std::string& text, const std::string& file, 
   if (r.id.empty()) fail(file, line, "id", "required field is missing");
   if (!have_prompt) fail(file, line, "prompt", "required field is missing");
   if (!r.seed_given) g.seed = derive_seed(d.seed, r.id);
+  g.id = r.id;  // the pipeline names the request in its warnings
   const std::optional<std::string> negative = g.negative_prompt;
   g.fill_from(d);
   if (negative_given) g.negative_prompt = negative;

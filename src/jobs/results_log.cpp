@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -82,22 +83,117 @@ nlohmann::json ResultRecord::to_json() const {
   return j;
 }
 
-ResultRecord ResultRecord::from_json(const nlohmann::json& j) {
-  ResultRecord r;
-  r.id = j.at("id").get<std::string>();
-  r.status = j.at("status").get<std::string>();
-  r.path = j.value("path", std::string());
-  r.seed = j.value("seed", uint64_t{0});
-  r.height = j.value("height", int64_t{0});
-  r.width = j.value("width", int64_t{0});
-  r.steps = j.value("steps", int64_t{0});
-  if (j.contains("timings") && j["timings"].is_object()) {
-    r.encode_s = j["timings"].value("encode_s", 0.0);
-    r.denoise_s = j["timings"].value("denoise_s", 0.0);
-    r.decode_s = j["timings"].value("decode_s", 0.0);
+namespace {
+
+// Fields of a record read back: each of its JSON type and in range, or a
+// std::runtime_error naming it (a float or a huge number is never cast).
+const nlohmann::json* field(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string text_field(const nlohmann::json& j, const char* key, bool required) {
+  const nlohmann::json* v = field(j, key);
+  if (v == nullptr) {
+    if (required) throw std::runtime_error(fmt::format("\"{}\" is missing", key));
+    return "";
   }
-  r.replica = j.value("replica", 0);
-  r.error = j.value("error", std::string());
+  if (!v->is_string()) {
+    throw std::runtime_error(fmt::format("\"{}\" must be a string, found {}", key, clip_text(v->dump())));
+  }
+  return v->get<std::string>();
+}
+
+template <typename T>
+T int_field(const nlohmann::json& j, const char* key) {
+  const nlohmann::json* v = field(j, key);
+  if (v == nullptr) return T{0};
+  if (v->is_number_unsigned() && v->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+    return static_cast<T>(v->get<uint64_t>());
+  }
+  if (v->is_number_integer() && !v->is_number_unsigned() && v->get<int64_t>() >= 0 &&
+      static_cast<uint64_t>(v->get<int64_t>()) <= static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+    return static_cast<T>(v->get<int64_t>());
+  }
+  throw std::runtime_error(
+      fmt::format("\"{}\" must be an integer from 0 to {}, found {}", key, std::numeric_limits<T>::max(),
+                  clip_text(v->dump())));
+}
+
+double seconds_field(const nlohmann::json& t, const char* key) {
+  const nlohmann::json* v = field(t, key);
+  if (v == nullptr) return 0;
+  if (!v->is_number()) throw std::runtime_error(fmt::format("\"timings.{}\" must be a number", key));
+  return v->get<double>();
+}
+
+}  // namespace
+
+ResultRecord ResultRecord::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw std::runtime_error("not a JSON object");
+  ResultRecord r;
+  r.id = text_field(j, "id", true);
+  r.status = text_field(j, "status", true);
+  r.path = text_field(j, "path", false);
+  r.seed = int_field<uint64_t>(j, "seed");
+  r.height = int_field<int64_t>(j, "height");
+  r.width = int_field<int64_t>(j, "width");
+  r.steps = int_field<int64_t>(j, "steps");
+  if (const nlohmann::json* t = field(j, "timings"); t != nullptr && t->is_object()) {
+    r.encode_s = seconds_field(*t, "encode_s");
+    r.denoise_s = seconds_field(*t, "denoise_s");
+    r.decode_s = seconds_field(*t, "decode_s");
+  }
+  r.replica = int_field<int>(j, "replica");
+  r.error = text_field(j, "error", false);
+  return r;
+}
+
+std::string record_file(const std::string& path) { return path.substr(0, path.find(':')); }
+
+std::string record_path_problem(const std::string& path) {
+  if (path.empty()) return "";
+  if (path.size() > 4096) return "is longer than 4096 bytes";
+  for (const char c : path) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) return "holds a control character";
+  }
+  const std::string file = record_file(path);
+  if (file.empty()) return "names no file before its ':'";
+  if (file[0] == '/') return "is an absolute path";
+  size_t start = 0;
+  int parts = 0;
+  std::string first;
+  for (;;) {
+    const size_t slash = file.find('/', start);
+    const std::string part = file.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+    if (part.empty()) return "has an empty component ('//' or a trailing '/')";
+    if (part == "..") return "has a '..' component (it leaves the folder)";
+    if (part[0] == '.') return fmt::format("has a component starting with '.' ('{}')", clip_text(part));
+    if (parts++ == 0) first = part;
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  if (parts < 2 || (first != "images" && first != "store")) return "is not a file under images/ or store/";
+  return "";
+}
+
+ResultRecord parse_result_record(const std::string& line) {
+  ResultRecord r;
+  try {
+    r = ResultRecord::from_json(nlohmann::json::parse(line));
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(e.what());
+  }
+  if (r.id.empty()) throw std::runtime_error("\"id\" is empty");
+  if (r.status != "done" && r.status != "failed") {
+    throw std::runtime_error("\"status\" is '" + clip_text(r.status) + "', not done or failed");
+  }
+  const std::string why = record_path_problem(r.path);
+  if (!why.empty()) {
+    throw std::runtime_error(fmt::format("request '{}': \"path\" '{}' {}: not a plain relative path inside the "
+                                         "output folder",
+                                         clip_text(r.id), clip_text(r.path, 300), why));
+  }
   return r;
 }
 
@@ -111,39 +207,55 @@ ResultsLog::ResultsLog(std::string dir) : dir_(std::move(dir)), path_((fs::path(
   ss << in.rdbuf();
   if (in.bad()) io_fail("cannot read", path_);
   const std::string all = ss.str();
+  std::map<std::string, int64_t> done_on;  // id -> the line of its `done` record
   size_t start = 0;
   int64_t number = 0;
   while (start < all.size()) {
     ++number;
     const size_t nl = all.find('\n', start);
-    if (nl == std::string::npos) {  // no final newline: a writer died mid-line; the one line it may drop
+    const bool last = nl == std::string::npos;
+    const std::string line = all.substr(start, last ? std::string::npos : nl - start);
+    start = last ? all.size() : nl + 1;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) {
+      if (last) needs_newline_ = true;
+      else intact_bytes_ = static_cast<int64_t>(start);
+      continue;
+    }
+    // No final newline and not a whole JSON value: a writer died mid-line,
+    // the one line the log may drop. A whole value is checked like any line.
+    if (last && !nlohmann::json::accept(line)) {
       torn_ = 1;
-      torn_text_ = all.substr(start);
+      torn_text_ = line;
       break;
     }
-    const std::string line = all.substr(start, nl - start);
-    start = nl + 1;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     std::string why;
     try {
-      const auto j = nlohmann::json::parse(line);
-      ResultRecord r = ResultRecord::from_json(j);
-      if (r.id.empty()) throw std::runtime_error("\"id\" is empty");
-      if (r.status != "done" && r.status != "failed") {
-        throw std::runtime_error("\"status\" is '" + clip_text(r.status) + "', not done or failed");
+      ResultRecord r = parse_result_record(line);
+      const auto seen = done_on.find(r.id);
+      if (seen != done_on.end()) {
+        throw ConfigError(fmt::format("{}:{}: request '{}' is recorded again after its `done` record on line {} (a "
+                                      "request is done once); the file is left as it was: remove one of the two "
+                                      "lines, then rerun",
+                                      path_, number, clip_text(r.id), seen->second),
+                          true);
       }
+      if (r.status == "done") done_on.emplace(r.id, number);
       records_[r.id] = r;
       lines_.push_back(line);
       line_ids_.push_back(r.id);
+      if (last) needs_newline_ = true;
+      else intact_bytes_ = static_cast<int64_t>(start);
       continue;
+    } catch (const ConfigError&) {
+      throw;
     } catch (const std::exception& e) {
       why = e.what();
     }
-    // A complete line (it ends in a newline) that is no record: not an
-    // interrupted write but someone's text. Leave the file as it is.
+    // A complete line that is no record: not an interrupted write but
+    // someone's text. Leave the file as it is.
     throw ConfigError(fmt::format("{}:{}: not a result record ({}): '{}'; the file is left as it was: fix or remove "
                                   "that line, then rerun",
-                                  path_, number, clip_text(why, 120), clip_text(line)),
+                                  path_, number, clip_text(why, 400), clip_text(line)),
                       true);
   }
 }
@@ -153,14 +265,30 @@ ResultsLog::~ResultsLog() {
 }
 
 void ResultsLog::begin(const std::set<std::string>& rerun) {
-  std::string kept;
-  for (size_t i = 0; i < lines_.size(); ++i) {
-    if (rerun.count(line_ids_[i])) continue;
-    kept += lines_[i];
-    kept += '\n';
-  }
+  bool drop = false;
+  for (const auto& id : line_ids_) drop = drop || rerun.count(id) != 0;
   for (const auto& id : rerun) records_.erase(id);
-  if (!lines_.empty() || torn_ > 0 || !fs::exists(path_)) write_file_atomic(path_, kept);
+  if (drop || !fs::exists(path_)) {
+    // Records of ids that run again go (no id is recorded twice): rewritten whole.
+    std::string kept;
+    for (size_t i = 0; i < lines_.size(); ++i) {
+      if (rerun.count(line_ids_[i])) continue;
+      kept += lines_[i];
+      kept += '\n';
+    }
+    write_file_atomic(path_, kept);
+    needs_newline_ = false;
+  } else if (torn_ > 0) {
+    // Only the torn tail goes; the user's lines stay as they are, in place.
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) io_fail("cannot open", path_);
+    if (::ftruncate(fd, intact_bytes_) != 0 || ::fdatasync(fd) != 0) {
+      const int err = errno;
+      ::close(fd);
+      throw_io_error("cannot cut the torn last line off", path_, err);
+    }
+    ::close(fd);
+  }
   fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd_ < 0) io_fail("cannot open", path_);
 }
@@ -170,8 +298,9 @@ void ResultsLog::append(const ResultRecord& r) {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) io_fail("cannot stat", path_);
   try {
-    write_all(fd_, r.to_json().dump() + "\n", path_);
+    write_all(fd_, (needs_newline_ ? "\n" : "") + r.to_json().dump() + "\n", path_);
     if (::fdatasync(fd_) != 0) io_fail("cannot flush", path_);
+    needs_newline_ = false;
   } catch (const IoError& e) {
     // Cut the log back to its last complete line: no half record stays.
     if (::ftruncate(fd_, st.st_size) != 0) {

@@ -4,18 +4,24 @@
 //   {"id", "status": "done"|"failed", "path", "seed", "height", "width",
 //    "steps", "timings": {"encode_s", "denoise_s", "decode_s", "total_s"},
 //    "replica", "error"}
-// On resume the log is read back. Only a torn last line (no final newline: a
-// writer killed mid-line) is dropped; any other line that is no record is a
-// ConfigError naming the file and line, and the file stays as it was. The log
-// is then rewritten (temp + rename) without the records of the ids that will
-// run again, so no id is ever recorded `done` twice. A failed append (disk
-// full, ...) cuts the file back to its last complete line and raises IoError
-// naming the path and the errno text.
+// On resume the log is read back. Only a torn last line (no final newline and
+// not a whole JSON value: a writer killed mid-line) is dropped; a complete
+// record that lacks only its newline (an editor that strips it) is kept, and
+// the newline goes in before the next append. Any other line that is no
+// record, a record whose path is not a plain relative path inside the output
+// folder (record_path_problem), and an id recorded again after a `done`
+// record are a ConfigError naming the file and line, and the file stays as it
+// was. The log is rewritten (temp + rename) only to remove the records of ids
+// that will run again, so no id is ever recorded `done` twice; otherwise it is
+// only appended to (a torn last line is cut off in place). A failed append
+// (disk full, ...) cuts the file back to its last complete line and raises
+// IoError naming the path and the errno text.
 
 #include <cstdint>
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -35,6 +41,21 @@ struct ResultRecord {
   static ResultRecord from_json(const nlohmann::json& j);
 };
 
+// Why a record's "path" is not a plain relative path inside an output folder
+// ("" when it is, and for ""): its file part (before the first ':'; a store
+// path goes on with ":/images/<id>") is relative, under images/ or store/,
+// with no empty component and none that starts with '.' (so no "." or ".."),
+// no control character, at most 4096 bytes. Checks the text only: symlinks
+// are the caller's (merge_results.h: output_file_problem). Torch-free, no I/O.
+std::string record_path_problem(const std::string& path);
+// The file part of a record's path: "store/run-1.h5:/images/a" -> "store/run-1.h5".
+std::string record_file(const std::string& path);
+
+// One results.jsonl line as a checked record: a JSON object with a non-empty
+// string "id", "status" done or failed, and a path record_path_problem
+// accepts. std::runtime_error saying why not (the caller adds file:line).
+ResultRecord parse_result_record(const std::string& line);
+
 class ResultsLog {
  public:
   // Reads <dir>/results.jsonl if present (latest record per id wins).
@@ -44,14 +65,17 @@ class ResultsLog {
   ResultsLog& operator=(const ResultsLog&) = delete;
 
   const std::map<std::string, ResultRecord>& records() const { return records_; }
-  // 1 when the file ended in a line without newline (dropped), else 0.
+  // 1 when the file ended in a torn line (no newline, not a whole JSON
+  // value: dropped), else 0.
   int64_t torn_lines() const { return torn_; }
   const std::string& torn_text() const { return torn_text_; }
 
-  // Rewrites the log atomically without the records of `rerun` ids, then
-  // opens it for appending.
+  // Removes the records of `rerun` ids (an atomic rewrite, only when the log
+  // holds some), cuts a torn last line off in place, then opens the log for
+  // appending. A log with nothing to remove is not written.
   void begin(const std::set<std::string>& rerun);
-  // Appends one line and flushes it to disk.
+  // Appends one line and flushes it to disk (after the newline the last
+  // record lacked, if it did).
   void append(const ResultRecord& r);
   const std::string& path() const { return path_; }
 
@@ -62,6 +86,8 @@ class ResultsLog {
   std::vector<std::string> line_ids_;
   int64_t torn_ = 0;
   std::string torn_text_;
+  int64_t intact_bytes_ = 0;    // the file up to the end of its last kept line
+  bool needs_newline_ = false;  // the file ends in a kept record without its newline
   int fd_ = -1;
 };
 

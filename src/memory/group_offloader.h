@@ -32,7 +32,8 @@ struct GroupSpec {
   std::string device;  // compute device: "cpu" | "cuda:N"
   bool prefetch = false;
   std::vector<std::string> names;  // its tensors, in the order indices refer to
-  // Disk: the group's file and what its metadata must say it holds.
+  // Disk: the group's file and what its metadata must say it holds (its
+  // bytes must also match the XXH3 hash recorded when it was written).
   std::string file;
   std::string fingerprint;
 };
@@ -48,7 +49,10 @@ struct OffloadStats {
   double wait_s = 0;           // compute time spent waiting for a group
   int64_t files_written = 0;   // disk groups written by loads of this process
   int64_t files_reused = 0;    // disk groups found valid and reused
-  int64_t files_rewritten = 0; // of the written, files that held other weights
+  int64_t files_rewritten = 0; // of the written, files that held other weights or stale bytes
+  // Disk groups this process loaded but found written meanwhile by another
+  // run sharing the folder (each group file has one writer).
+  int64_t files_shared = 0;
 };
 
 class GroupOffloader {
@@ -57,18 +61,25 @@ class GroupOffloader {
   ~GroupOffloader();
 
   // Registers a group; for the disk tier, checks whether its file already
-  // holds exactly `fingerprint` (reusable(): its tensors need not be read).
+  // holds exactly `fingerprint` with intact bytes (read once to check the
+  // hash; reusable(): its tensors need not be read from the checkpoint).
   int add_group(GroupSpec spec);
   bool reusable(int group) const;
   // Loading: tensor `index` of the group as loaded (any device). Host: kept
   // in host memory (pinned for an accelerator). Disk: kept until the group's
   // last tensor arrives, then the group's file is written (atomically,
-  // replacing a stale one) and the tensors dropped. Not for reusable groups.
+  // replacing a stale one; under a per-file lock, skipped when another run
+  // sharing the folder wrote it meanwhile) and the tensors dropped. IoError
+  // (exit 7) when the file cannot be written (a full disk). Not for reusable
+  // groups.
   void put(int group, size_t index, const at::Tensor& tensor);
   // Internal error naming the groups that did not receive all their tensors.
   void check_complete(const std::vector<int>& groups) const;
 
-  // The tensor on the compute device, bringing its group in if needed.
+  // The tensor on the compute device, bringing its group in if needed. A
+  // disk group's bytes are checked against its hash as they are read: IoError
+  // naming the file when it changed since the load (not rewritable here; the
+  // next run's load rewrites it).
   at::Tensor get(int group, size_t index);
   uint64_t group_bytes(int group) const;
   OffloadStats stats() const;

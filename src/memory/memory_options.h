@@ -64,9 +64,9 @@ struct MemoryOptions {
   // dtype and up-cast to the compute dtype at each use (diffusers'
   // enable_layerwise_casting): "" = off, "float8_e4m3fn" | "float8_e5m2".
   // Applies to the weight and bias of Linear, Conv and Embedding layers whose
-  // module name matches none of the skip patterns (std::regex ECMAScript,
-  // searched as Python's re.search over the module's name and every
-  // enclosing module's name). nullopt: diffusers'
+  // module name matches none of the skip patterns (RE2 syntax, linear-time
+  // matching: runtime/user_pattern.h; searched as Python's re.search over
+  // the module's name and every enclosing module's name). nullopt: diffusers'
   // DEFAULT_SKIP_MODULES_PATTERN; either way the family's own patterns are
   // added, and a layer declared to keep a dtype is never narrowed
   // (models/model_builder.h).

@@ -174,13 +174,15 @@ std::string checkpoint_stamp(const std::string& path) {
   return stamp;
 }
 
-std::string disk_group_folder(const std::string& root, const std::string& source_path, int tp_rank, int tp_size) {
+std::string disk_group_folder(const std::string& root, const std::string& source_path, const std::string& settings,
+                              int tp_rank, int tp_size) {
   std::error_code ec;
   fs::path real = fs::weakly_canonical(fs::path(source_path), ec);
   if (ec) real = fs::path(source_path);
   std::string name = real.filename().string();
   if (name.empty()) name = "component";
-  return (fs::path(root) / fmt::format("{}-{}", name, stable_hash(real.string()).substr(0, 8)) /
+  const std::string key = fmt::format("{}:{}\n{}", real.string().size(), real.string(), settings);
+  return (fs::path(root) / fmt::format("{}-{}", name, stable_hash(key)) /
           fmt::format("tp{}of{}", tp_rank, tp_size))
       .string();
 }
@@ -195,11 +197,17 @@ std::string disk_group_file(const std::string& group) {
 void check_writable_folder(const std::string& folder, const std::string& key) {
   std::error_code ec;
   fs::create_directories(folder, ec);
-  if (ec) throw ConfigError(fmt::format("{}: cannot create {}: {}", key, folder, ec.message()), true);
+  const auto full = [](int err) { return err == ENOSPC || err == EDQUOT; };
+  if (ec) {
+    if (full(ec.value())) throw_io_error(fmt::format("{}: cannot create the folder", key), folder, ec.value());
+    throw ConfigError(fmt::format("{}: cannot create {}: {}", key, folder, ec.message()), true);
+  }
   const std::string probe = (fs::path(folder) / fmt::format(".tprun-write-probe-{}", ::getpid())).string();
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    throw ConfigError(fmt::format("{}: {} is not writable: {}", key, folder, std::strerror(errno)), true);
+    const int err = errno;
+    if (full(err)) throw_io_error(fmt::format("{}: cannot write in the folder", key), folder, err);
+    throw ConfigError(fmt::format("{}: {} is not writable: {}", key, folder, std::strerror(err)), true);
   }
   ::close(fd);
   ::unlink(probe.c_str());

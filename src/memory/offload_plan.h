@@ -68,14 +68,20 @@ std::string stable_hash(const std::string& text);
 std::string checkpoint_stamp(const std::string& path);
 
 // The folder a component's disk groups live in on one TP rank:
-// <root>/<component folder name>-<hash of its real path>/tp<rank>of<size>.
-std::string disk_group_folder(const std::string& root, const std::string& source_path, int tp_rank, int tp_size);
+// <root>/<component folder name>-<hash>/tp<rank>of<size>, the hash over the
+// component's real path and `settings`: every setting that changes the
+// stored bytes (class, TP layout, dtype, fp8 storage and skip list, the
+// groups and their tensors), so runs that differ in any of them never share
+// (and overwrite) files, while runs that agree share them.
+std::string disk_group_folder(const std::string& root, const std::string& source_path, const std::string& settings,
+                              int tp_rank, int tp_size);
 
 // A group name as a file name ("transformer_blocks.0" -> "transformer_blocks.0.safetensors").
 std::string disk_group_file(const std::string& group);
 
 // Creates `folder` (and parents) and checks a file can be written in it;
-// ConfigError naming `key` and the errno text otherwise.
+// ConfigError naming `key` and the errno text otherwise (IoError for a full
+// disk or quota: nothing in the settings is wrong).
 void check_writable_folder(const std::string& folder, const std::string& key);
 
 }  // namespace tprun::memory

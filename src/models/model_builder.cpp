@@ -2,7 +2,6 @@
 
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 
 #include <ATen/core/Tensor.h>
@@ -17,6 +16,7 @@
 #include "memory/offload_plan.h"
 #include "models/model_config.h"
 #include "runtime/error.h"
+#include "runtime/user_pattern.h"
 
 namespace tprun::models {
 
@@ -45,29 +45,16 @@ void check_shape(const std::string& cls, const std::string& name, const std::vec
   }
 }
 
-std::vector<std::regex> compile_patterns(const std::vector<std::string>& patterns) {
-  std::vector<std::regex> out;
-  out.reserve(patterns.size());
-  for (const auto& p : patterns) {
-    try {
-      out.emplace_back(p, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      throw ConfigError(fmt::format("memory.layerwise_casting.skip: '{}' is not a regular expression ({})", p,
-                                    e.what()),
-                        true);
-    }
-  }
-  return out;
+// User-supplied (memory.layerwise_casting.skip) and family patterns alike, in
+// RE2: linear-time matching, so no pattern can hang the load.
+UserPatterns compile_patterns(const std::vector<std::string>& patterns) {
+  return UserPatterns(patterns, "memory.layerwise_casting.skip");
 }
 
 // diffusers' walk: the root (""), then every enclosing module, then the module.
-bool skipped(const std::string& module, const std::vector<std::regex>& patterns) {
+bool skipped(const std::string& module, const UserPatterns& patterns) {
   if (patterns.empty()) return false;
-  auto any = [&](const std::string& prefix) {
-    for (const auto& re : patterns)
-      if (std::regex_search(prefix, re)) return true;
-    return false;
-  };
+  auto any = [&](const std::string& prefix) { return patterns.search(prefix); };
   if (any("")) return true;
   for (size_t dot = module.find('.'); dot != std::string::npos; dot = module.find('.', dot + 1)) {
     if (any(module.substr(0, dot))) return true;
@@ -113,7 +100,7 @@ bool narrow_storage_skipped(const std::string& module, const std::vector<std::st
 struct ModelBuilder::Narrow {
   c10::ScalarType storage;
   c10::ScalarType compute;
-  std::vector<std::regex> skip;
+  UserPatterns skip;
 };
 
 void ModelBuilder::narrow_storage(const BuildOptions& options) {
@@ -185,8 +172,26 @@ void ModelBuilder::place_weights(const BuildOptions& options, const checkpoint::
   if (order.empty()) return;
   auto placed = std::make_shared<Placed>();
   placed->compute = checkpoint::parse_compute_dtype(options.dtype, "dtype");
-  std::string folder, stamp;
+  // What the disk groups' bytes depend on besides the checkpoint's contents:
+  // the folder is keyed on it (runs that differ never share files), each
+  // file's fingerprint adds the checkpoint's stamp (a changed checkpoint
+  // rewrites the files in place).
+  std::string settings, settings_hash, folder, stamp;
+  std::map<std::string, std::string> disk_members;  // group -> its tensors, one line each
   if (disk) {
+    settings = fmt::format("tprun offload v2\n{} tp {}/{}\ndtype {} storage {}\n", table_->cls, tp_.rank, tp_.size,
+                           options.dtype, options.storage);
+    for (const auto& p : options.storage_skip) settings += fmt::format("skip {}:{}\n", p.size(), p);
+    for (const auto& g : order) {
+      if (placement.tensors[members[g].front()].tier != memory::Tier::Disk) continue;
+      std::string lines;
+      for (size_t i : members[g]) {
+        lines += fmt::format("{} {} {} {}\n", specs[i]->name, checkpoint::shape_string(specs[i]->shape),
+                             checkpoint::shard_style_name(specs[i]->style), specs[i]->dtype);
+      }
+      settings += fmt::format("group {}\n{}", g, lines);
+      disk_members[g] = std::move(lines);
+    }
     const bool offload_disk = mem.offload.enabled() && mem.offload.to == "disk";
     const std::string root = offload_disk ? mem.offload.disk_path
                                           : (!mem.offload_folder.empty() ? mem.offload_folder : mem.offload.disk_path);
@@ -197,9 +202,10 @@ void ModelBuilder::place_weights(const BuildOptions& options, const checkpoint::
                                     who),
                         true);
     }
-    folder = memory::disk_group_folder(root, source.path(), tp_.rank, tp_.size);
+    folder = memory::disk_group_folder(root, source.path(), settings, tp_.rank, tp_.size);
     memory::check_writable_folder(folder, key);
     stamp = memory::checkpoint_stamp(source.path());
+    settings_hash = memory::stable_hash(settings);
   }
   auto& offloader = memory::GroupOffloader::instance();
   uint64_t reused_bytes = 0;
@@ -212,14 +218,8 @@ void ModelBuilder::place_weights(const BuildOptions& options, const checkpoint::
     spec.prefetch = mem.offload.prefetch;
     for (size_t i : idx) spec.names.push_back(names[i]);
     if (spec.tier == memory::Tier::Disk) {
-      std::string what = fmt::format("tprun offload v1\n{}\n{} tp {}/{}\ndtype {} storage {} skip {}\n", stamp,
-                                     table_->cls, tp_.rank, tp_.size, options.dtype, options.storage,
-                                     fmt::join(options.storage_skip, "|"));
-      for (size_t i : idx) {
-        what += fmt::format("{} {} {} {}\n", specs[i]->name, checkpoint::shape_string(specs[i]->shape),
-                            checkpoint::shard_style_name(specs[i]->style), specs[i]->dtype);
-      }
-      spec.fingerprint = memory::stable_hash(what);
+      spec.fingerprint =
+          memory::stable_hash(fmt::format("{}\n{}\ngroup {}\n{}", stamp, settings_hash, g, disk_members[g]));
       spec.file = (std::filesystem::path(folder) / memory::disk_group_file(g)).string();
     }
     const int id = offloader.add_group(std::move(spec));
@@ -435,10 +435,20 @@ BuiltModel build_model(const std::string& cls, checkpoint::WeightSource& source,
   const uint64_t before = loader.bytes_read();
   ModelBuilder b(built.table, loader, tp, options.wanted);
   b.narrow_storage(options);
+  const auto offload_before = memory::GroupOffloader::instance().stats();
   b.place_weights(options, source);
   declare(b);
   b.finish();
   source.close();
+  const auto offload_after = memory::GroupOffloader::instance().stats();
+  const int64_t written = offload_after.files_written - offload_before.files_written;
+  const int64_t reused = offload_after.files_reused - offload_before.files_reused;
+  const int64_t shared = offload_after.files_shared - offload_before.files_shared;
+  if (written + reused + shared > 0) {
+    spdlog::info("{}: disk offload: {} group files written ({} of them rewritten), {} reused, {} written meanwhile by "
+                 "another run sharing the folder",
+                 cls, written, offload_after.files_rewritten - offload_before.files_rewritten, reused, shared);
+  }
   built.bytes_read = loader.bytes_read() - before;
   built.bytes_stored = b.bytes_stored();
   if (!options.storage.empty()) {

@@ -163,7 +163,7 @@ struct BuildOptions {
   LoadFilter wanted;  // see LoadFilter
   // Narrow storage (ModelOptions::layerwise_storage): "" = off,
   // "float8_e4m3fn" | "float8_e5m2". `storage_skip`: the patterns in force
-  // (ECMAScript regexes searched over module names, see narrow_storage_skipped).
+  // (RE2 regexes searched over module names, see narrow_storage_skipped).
   std::string storage;
   std::vector<std::string> storage_skip;
   // Offload and device map ([memory] offload, device_map with component-

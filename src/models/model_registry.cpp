@@ -47,6 +47,11 @@ std::unique_ptr<Model> load_model(checkpoint::WeightSource& source, const nlohma
                                   const std::string& config_path, const parallel::TpContext& tp,
                                   const ModelOptions& options) {
   const std::string cls = config_class(config);
+  if (config.is_object() && config.contains("_class_name") && !config["_class_name"].is_string()) {
+    throw CheckpointError(fmt::format("{}: _class_name is not a string (found {})", config_path,
+                                      clip_text(config["_class_name"].dump())),
+                          true);
+  }
   const ModelFamily* f = find_model_family(cls);
   if (!f) {
     throw ConfigError(fmt::format("{}: class '{}' is not a model tprun can run (known: {})", config_path,

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "pipelines/flow_match_scheduler.h"
 #include "runtime/error.h"
@@ -97,6 +98,23 @@ std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t he
     out.batch_size = batch;
   }
   return res;
+}
+
+void note_tokens_cut(models::TensorMap& embeds, const std::string& key, int64_t untruncated, int64_t max_length) {
+  if (untruncated > max_length) embeds[key] = at::scalar_tensor(untruncated - max_length, at::kLong);
+}
+
+int64_t tokens_cut(const models::TensorMap& embeds, const std::string& key) {
+  auto it = embeds.find(key);
+  return it == embeds.end() ? 0 : it->second.item<int64_t>();
+}
+
+void warn_truncated(const GenerationRequest& request, const char* field, const std::string& because, int64_t cut,
+                    bool leader) {
+  if (cut <= 0 || !leader) return;
+  spdlog::warn("{}the {} was truncated because {} ({} token{} dropped)",
+               request.id.empty() ? std::string() : "request " + request.id + ": ", field, because, cut,
+               cut == 1 ? "" : "s");
 }
 
 }  // namespace tprun::pipelines

@@ -49,4 +49,18 @@ std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t he
                                            const std::string& dtype_name, const LatentDecoder& decode,
                                            StageTimes times);
 
+// The tokens a prompt lost to truncation, carried next to its embeddings in
+// encode_prompt's (cached) TensorMap under `key`; 0 when there is none.
+void note_tokens_cut(models::TensorMap& embeds, const std::string& key, int64_t untruncated, int64_t max_length);
+int64_t tokens_cut(const models::TensorMap& embeds, const std::string& key);
+
+// diffusers' truncation warning ("The following part of your input was
+// truncated because `max_sequence_length` is set to N tokens"), with the
+// number of tokens cut instead of their text: one line per request and text
+// (prompt / negative_prompt) when `cut` > 0, naming the request id, logged
+// where `leader` (TP rank 0) so a TP group says it once. `because`: diffusers'
+// reason ("`max_sequence_length` is set to 512 tokens").
+void warn_truncated(const GenerationRequest& request, const char* field, const std::string& because, int64_t cut,
+                    bool leader);
+
 }  // namespace tprun::pipelines

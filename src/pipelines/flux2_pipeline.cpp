@@ -21,6 +21,7 @@
 #include "pipelines/chat_template.h"
 #include "pipelines/hf_tokenizer.h"
 #include "pipelines/latents.h"
+#include "pipelines/pipeline_components.h"
 #include "pipelines/request_checks.h"
 #include "pipelines/request_memory.h"
 #include "runtime/error.h"
@@ -76,6 +77,20 @@ GenerationRequest flux2_defaults(int64_t vae_scale_factor) {
   return d;
 }
 
+// The template the pipeline's caller reads must be the one its text encoder
+// was trained with: a Qwen3 template in a dev folder (or Mistral's in klein)
+// would fail or mis-render every request, so it is a folder error at load.
+void check_template_kind(const HfTokenizer& tok, bool klein, const std::string& cls) {
+  const ChatTemplateKind want = klein ? ChatTemplateKind::kQwen3 : ChatTemplateKind::kMistral3;
+  const ChatTemplateKind got = tok.chat_template(klein ? ChatCaller::kTokenizer : ChatCaller::kProcessor);
+  if (got != want) {
+    throw CheckpointError(fmt::format("{}: the chat template is {}'s; a {} renders its prompts with the {} template "
+                                      "(the tokenizer folder belongs to another pipeline)",
+                                      tok.folder(), chat_template_name(got), cls, chat_template_name(want)),
+                          true);
+  }
+}
+
 bool model_index_bool(const checkpoint::PipelineFolder& pf, const std::string& field) {
   return models::config_bool_or(pf.index, field, pf.path + "/model_index.json", false);
 }
@@ -91,6 +106,7 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
   impl->device = c10::Device(options.device);
   impl->tp = tp;
   const auto pf = checkpoint::open_pipeline_folder(folder);
+  check_pipeline_components(pf);
   impl->cls = pf.cls;
   impl->klein = pf.cls == kKleinClass;
   impl->distilled = impl->klein && model_index_bool(pf, "is_distilled");
@@ -105,6 +121,7 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
     throw CheckpointError(fmt::format("{}: a {} needs an AutoencoderKLFlux2 VAE, not {}", vpath, pf.cls, vcfg.cls), true);
   }
   impl->vae_scale_factor = vcfg.scale_factor();
+  check_vae_tiles(options.component_base.memory, vcfg.scale_factor(), vcfg.sample_size, vpath);
   impl->in_channels = tcfg.in_channels;
   impl->joint_dim = tcfg.joint_dim;
   if (tcfg.in_channels != 4 * vcfg.latent_channels) {
@@ -136,7 +153,7 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
     // is read; the chat template must be one tprun knows (checked here, before any weight).
     const auto& tok = component(pf, "tokenizer");
     impl->tokenizer = std::make_unique<HfTokenizer>(HfTokenizer::load(tok.path, tok.cls));
-    (void)impl->tokenizer->chat_template(impl->klein ? ChatCaller::kTokenizer : ChatCaller::kProcessor);
+    check_template_kind(*impl->tokenizer, impl->klein, pf.cls);
     if (impl->tokenizer->vocab_size() > ecfg.vocab_size) {
       throw CheckpointError(fmt::format("{}: the tokenizer has {} tokens but the text encoder's vocab_size is {} ({})",
                                         component(pf, "tokenizer").path, impl->tokenizer->vocab_size(),
@@ -256,6 +273,7 @@ models::TensorMap Flux2Pipeline::encode_prompt(const std::string& prompt, int64_
   if (!m.text_encoder) throw RequestError(fmt::format("{} was loaded without its text encoder", m.folder), true);
   const std::string key = fmt::format("{}\n{}", max_sequence_length, prompt);
   if (auto hit = m.cache->get(key)) return *hit;
+  decode_utf8(prompt, "prompt");  // offsets of bad bytes in the user's prompt, not in the templated text
   const TokenizerOutput tokens =
       m.tokenizer->encode_chat(m.klein ? flux2_klein_chat(prompt) : flux2_dev_chat(prompt), max_sequence_length);
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
@@ -263,6 +281,7 @@ models::TensorMap Flux2Pipeline::encode_prompt(const std::string& prompt, int64_
   at::Tensor mask = at::tensor(tokens.attention_mask, long_opts).view({1, -1}).to(m.device);
   models::TensorMap out;
   out["prompt_embeds"] = m.text_encoder->stacked_hidden_states(ids, mask).to(m.dtype);
+  note_tokens_cut(out, "tokens_cut", tokens.untruncated_length, max_sequence_length);
   m.cache->put(key, out);
   return out;
 }
@@ -294,13 +313,16 @@ std::vector<GenerationResult> Flux2Pipeline::generate_batch(const std::vector<Ge
   auto t0 = Clock::now();
   std::vector<at::Tensor> pe, ne;
   for (const auto& q : rs) {
-    auto given_or_encoded = [&](const char* name, const std::string& text) {
+    auto given_or_encoded = [&](const char* name, const char* field, const std::string& text) {
       if (q.has_given(name)) return q.given->at(name).to(m.device, m.dtype);
-      return encode_prompt(text, *q.max_sequence_length).at("prompt_embeds");
+      const models::TensorMap e = encode_prompt(text, *q.max_sequence_length);
+      warn_truncated(q, field, fmt::format("`max_sequence_length` is set to {} tokens", *q.max_sequence_length),
+                     tokens_cut(e, "tokens_cut"), m.tp.rank == 0);
+      return e.at("prompt_embeds");
     };
-    pe.push_back(given_or_encoded("prompt_embeds", q.prompt));
+    pe.push_back(given_or_encoded("prompt_embeds", "prompt", q.prompt));
     // klein's negative prompt is "" unless the request gives one.
-    if (cfg) ne.push_back(given_or_encoded("negative_prompt_embeds", q.negative_prompt.value_or("")));
+    if (cfg) ne.push_back(given_or_encoded("negative_prompt_embeds", "negative_prompt", q.negative_prompt.value_or("")));
   }
   const at::Tensor prompt_embeds = stack_batch(pe, "prompt_embeds");
   const at::Tensor neg_embeds = cfg ? stack_batch(ne, "negative_prompt_embeds") : at::Tensor();
@@ -372,6 +394,8 @@ std::vector<PromptTokens> flux2_tokenize(const std::string& folder, const std::s
   const bool klein = pf.cls == Flux2Pipeline::kKleinClass;
   const auto& tok = component(pf, "tokenizer");
   const HfTokenizer tokenizer = HfTokenizer::load(tok.path, tok.cls);
+  check_template_kind(tokenizer, klein, pf.cls);
+  decode_utf8(prompt, "prompt");  // offsets of bad bytes in the user's prompt, not in the templated text
   return {{"tokenizer", klein ? "Qwen3 chat template" : "Mistral chat template with the FLUX.2 system message",
            tokenizer.encode_chat(klein ? flux2_klein_chat(prompt) : flux2_dev_chat(prompt), max_sequence_length)}};
 }

@@ -20,6 +20,7 @@
 #include "pipelines/batch_stages.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "pipelines/latents.h"
+#include "pipelines/pipeline_components.h"
 #include "pipelines/request_checks.h"
 #include "pipelines/request_memory.h"
 #include "pipelines/t5_tokenizer.h"
@@ -98,6 +99,7 @@ std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, cons
     throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
   }
   const auto pf = checkpoint::open_pipeline_folder(folder);
+  check_pipeline_components(pf);
 
   // Configs first: every cross-component check before any weight byte is read.
   std::string tpath, vpath;
@@ -106,6 +108,7 @@ std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, cons
   const auto fcfg = models::FluxConfig::from_json(tconf, tpath);
   const auto vcfg = models::VaeConfig::from_json(vconf, vpath);
   impl->vae_scale_factor = vcfg.scale_factor();
+  check_vae_tiles(options.component_base.memory, vcfg.scale_factor(), vcfg.sample_size, vpath);
   impl->latent_channels = vcfg.latent_channels;
   impl->scaling_factor = vcfg.scaling_factor;
   impl->shift_factor = vcfg.shift_factor;
@@ -242,14 +245,18 @@ models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t
   const std::string key = fmt::format("{}\n{}", max_sequence_length, prompt);
   if (auto hit = m.cache->get(key)) return *hit;
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
-  const auto clip_ids_vec = m.tokenizer->encode(prompt, m.tokenizer->model_max_length()).input_ids;
-  const auto t5_ids_vec = m.tokenizer_2->encode(prompt, max_sequence_length).input_ids;
+  const TokenizerOutput clip_tokens = m.tokenizer->encode(prompt, m.tokenizer->model_max_length());
+  const TokenizerOutput t5_tokens = m.tokenizer_2->encode(prompt, max_sequence_length);
+  const auto& clip_ids_vec = clip_tokens.input_ids;
+  const auto& t5_ids_vec = t5_tokens.input_ids;
   at::Tensor clip_ids = at::tensor(clip_ids_vec, long_opts).view({1, -1}).to(m.device);
   at::Tensor t5_ids = at::tensor(t5_ids_vec, long_opts).view({1, -1}).to(m.device);
   auto clip_out = m.clip->encode(clip_ids);
   models::TensorMap out;
   out["pooled_prompt_embeds"] = clip_out.at("pooler_output").to(m.dtype);
   out["prompt_embeds"] = m.t5->encode(t5_ids).to(m.dtype);
+  note_tokens_cut(out, "clip_tokens_cut", clip_tokens.untruncated_length, m.tokenizer->model_max_length());
+  note_tokens_cut(out, "t5_tokens_cut", t5_tokens.untruncated_length, max_sequence_length);
   m.cache->put(key, out);
   return out;
 }
@@ -280,6 +287,15 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
   auto t0 = Clock::now();
   const bool cfg_on = do_true_cfg(r);
   std::vector<at::Tensor> pe, pp, ne, np;
+  // As FluxPipeline._get_t5_prompt_embeds / _get_clip_prompt_embeds warn.
+  auto warn_encoded = [&](const GenerationRequest& q, const char* field, const models::TensorMap& e) {
+    const bool leader = m.tp.rank == 0;
+    warn_truncated(q, field, fmt::format("`max_sequence_length` is set to {} tokens", *q.max_sequence_length),
+                   tokens_cut(e, "t5_tokens_cut"), leader);
+    const int64_t clip_max = m.tokenizer->model_max_length();
+    warn_truncated(q, field, fmt::format("CLIP can only handle sequences up to {} tokens", clip_max),
+                   tokens_cut(e, "clip_tokens_cut"), leader);
+  };
   for (const auto& q : rs) {
     auto given_or = [&](const std::string& name) { return q.given->at(name).to(m.device, m.dtype); };
     if (q.has_given("prompt_embeds")) {
@@ -287,6 +303,7 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
       pp.push_back(given_or("pooled_prompt_embeds"));
     } else {
       auto e = encode_prompt(q.prompt, *q.max_sequence_length);
+      warn_encoded(q, "prompt", e);
       pe.push_back(e.at("prompt_embeds"));
       pp.push_back(e.at("pooled_prompt_embeds"));
     }
@@ -296,6 +313,7 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
         np.push_back(given_or("negative_pooled_prompt_embeds"));
       } else {
         auto e = encode_prompt(q.negative_prompt.value_or(""), *q.max_sequence_length);
+        warn_encoded(q, "negative_prompt", e);
         ne.push_back(e.at("prompt_embeds"));
         np.push_back(e.at("pooled_prompt_embeds"));
       }

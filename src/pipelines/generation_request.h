@@ -18,6 +18,7 @@
 namespace tprun::pipelines {
 
 struct GenerationRequest {
+  std::string id;  // the job's request id, for log lines only ("" for `tprun generate`)
   std::string prompt;
   std::optional<std::string> negative_prompt;  // used with true CFG (true_cfg_scale > 1)
   std::optional<int64_t> height, width;        // pixels

@@ -31,7 +31,10 @@
 // in Python and reads only vocab, merges and post-processor from
 // tokenizer.json; tprun then requires tokenizer.json to hold exactly that
 // pipeline. TokenizersBackend / PreTrainedTokenizerFast (and a missing
-// tokenizer_class) use tokenizer.json as it is. Any other class, and anything
+// tokenizer_class) use tokenizer.json as it is; so does PixtralProcessor
+// (named by model_index.json, or by processor_config.json for AutoProcessor),
+// which transformers loads as TokenizersBackend whatever tokenizer_class says
+// (the hub's Mistral-Small-3.1 files say LlamaTokenizerFast). Any other class, and anything
 // in tokenizer.json outside the list above, is a CheckpointError naming the
 // file and field: never a silently different tokenization.
 //

@@ -295,6 +295,24 @@ std::optional<HfChatTemplateSource> chat_field(const json& obj, const std::strin
   bad(file, "chat_template", "is not a string or a list of named templates");
 }
 
+// The processor class AutoProcessor would build for the folder, as
+// transformers' processing_auto.py looks for it: processor_config.json, then
+// preprocessor_config.json, then tokenizer_config.json "processor_class";
+// "" when none names one.
+std::string processor_class_of(const fs::path& root, const json& tokenizer_config, const std::string& cfg_file) {
+  auto named = [](const json& j, const std::string& file) -> std::optional<std::string> {
+    auto it = j.find("processor_class");
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    if (!it->is_string()) bad(file, "processor_class", "is not a string");
+    return it->get<std::string>();
+  };
+  for (const char* name : {"processor_config.json", "preprocessor_config.json"}) {
+    const std::string file = (root / name).string();
+    if (auto c = named(read_optional_json(file, name), file)) return *c;
+  }
+  return named(tokenizer_config, cfg_file).value_or("");
+}
+
 }  // namespace
 
 std::shared_ptr<HfTokenizer::Impl> load_hf_tokenizer(const std::string& folder, const std::string& transformers_class) {
@@ -317,9 +335,16 @@ std::shared_ptr<HfTokenizer::Impl> load_hf_tokenizer(const std::string& folder, 
   const json cfg = read_optional_json(cfg_file, "tokenizer config");
   const json special_map = read_optional_json(map_file, "special tokens map");
 
-  // Which class transformers builds.
+  // Which class transformers builds. PixtralProcessor (named by model_index.json, or by the folder's
+  // processor files for AutoProcessor) loads its tokenizer as TokenizersBackend from tokenizer.json
+  // whatever tokenizer_class says (transformers' processing_utils.py: the Mistral-Small-3.1 processor
+  // files name LlamaTokenizerFast); AutoTokenizer would build that class instead.
   std::string cls = transformers_class;
-  if (cls.empty() || cls == "AutoTokenizer" || cls == "AutoProcessor" || cls == "PixtralProcessor") {
+  const bool pixtral = transformers_class == "PixtralProcessor" ||
+                       (transformers_class == "AutoProcessor" && processor_class_of(root, cfg, cfg_file) == "PixtralProcessor");
+  if (pixtral) {
+    cls = "TokenizersBackend";
+  } else if (cls.empty() || cls == "AutoTokenizer" || cls == "AutoProcessor") {
     cls.clear();
     if (auto it = cfg.find("tokenizer_class"); it != cfg.end() && !it->is_null()) {
       if (!it->is_string()) bad(cfg_file, "tokenizer_class", "is not a string");
@@ -329,7 +354,7 @@ std::shared_ptr<HfTokenizer::Impl> load_hf_tokenizer(const std::string& folder, 
   if (cls.size() > 4 && cls.compare(cls.size() - 4, 4, "Fast") == 0) cls.resize(cls.size() - 4);
   const bool qwen2 = cls == "Qwen2Tokenizer";
   if (!qwen2 && !cls.empty() && cls != "TokenizersBackend" && cls != "PreTrainedTokenizer")
-    bad(transformers_class.empty() || transformers_class == "AutoProcessor" || transformers_class == "PixtralProcessor"
+    bad(transformers_class.empty() || transformers_class == "AutoProcessor" || transformers_class == "AutoTokenizer"
             ? cfg_file
             : folder,
         "tokenizer_class",

@@ -20,11 +20,15 @@ void check_factor(int64_t vae_scale_factor) {
 
 void check_side(const char* name, int64_t side, int64_t multiple) {
   if (side <= 0) throw RequestError(fmt::format("{} {} must be positive", name, side), true);
-  if (side % multiple != 0)
+  if (side % multiple != 0) {
+    // The next multiple up, unless that overflows (INT64_MAX suggested -9223372036854775808): then down.
+    const int64_t down = side / multiple * multiple;
+    const int64_t suggestion = down > INT64_MAX - multiple ? down : down + multiple;
     throw RequestError(fmt::format("{} {} is not a multiple of {} (the VAE's scale factor {} times the 2x2 "
                                    "latent packing); try {}",
-                                   name, side, multiple, multiple / 2, (side / multiple + 1) * multiple),
+                                   name, side, multiple, multiple / 2, suggestion),
                        true);
+  }
 }
 
 }  // namespace

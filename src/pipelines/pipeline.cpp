@@ -8,6 +8,7 @@
 #include "checkpoint/pipeline_folder.h"
 #include "memory/offload_plan.h"
 #include "pipelines/device_map.h"
+#include "pipelines/pipeline_components.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
@@ -74,6 +75,7 @@ std::vector<PromptTokens> tokenize_prompt(const std::string& folder, const std::
                                   folder, pf.cls, fmt::join(known, ", ")),
                       true);
   }
+  check_pipeline_components(pf);
   return it->second(folder, prompt, max_sequence_length);
 }
 
@@ -107,6 +109,7 @@ std::unique_ptr<Pipeline> load_pipeline(const std::string& folder, const paralle
                                   folder, pf.cls, fmt::join(pipeline_names(), ", ")),
                       true);
   }
+  check_pipeline_components(pf);  // before the device map reads any component config
   return it->second(folder, tp, resolve_device_map(pf, tp, options));
 }
 

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csetjmp>
 #include <cstdio>
@@ -12,6 +13,7 @@
 
 #include <fmt/format.h>
 #include <png.h>
+#include <zlib.h>
 
 #include "pipelines/tokenizer_common.h"
 #include "runtime/error.h"
@@ -283,7 +285,13 @@ PngImage read_png(const std::string& path) {
 
 // ---- completeness (resume) ------------------------------------------------------
 
-std::string png_incomplete(const std::string& path) {
+std::string png_incomplete(const std::string& path, std::string* software) {
+  if (software != nullptr) software->clear();
+  // fopen() opens a folder for reading, and reading it then fails: say what it is instead.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return S_ISDIR(st.st_mode) ? "a folder, not a file" : "not a regular file";
+  }
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return fmt::format("cannot open: {}", std::strerror(errno));
   struct Closer {
@@ -295,20 +303,40 @@ std::string png_incomplete(const std::string& path) {
   if (std::fread(head, 1, 8, f) != 8) return "shorter than a PNG signature";
   if (std::memcmp(head, kSignature, 8) != 0) return "no PNG signature";
   bool first = true;
-  for (;;) {  // chunks: length (4, big-endian), type (4), data, CRC (4)
+  std::vector<unsigned char> buf(1 << 16);
+  for (int64_t at = 8;;) {  // chunks: length (4, big-endian), type (4), data, CRC (4) of type and data
     unsigned char ch[8];
     if (std::fread(ch, 1, 8, f) != 8) return "truncated: no IEND chunk";
     const uint32_t length = (uint32_t{ch[0]} << 24) | (uint32_t{ch[1]} << 16) | (uint32_t{ch[2]} << 8) | ch[3];
     const std::string type(reinterpret_cast<const char*>(ch + 4), 4);
-    if (length > 0x7FFFFFFFu) return fmt::format("chunk '{}' has a bad length", type);
+    const std::string name = clip_text(type);
+    if (length > 0x7FFFFFFFu) return fmt::format("chunk '{}' at byte {} has a bad length", name, at);
     if (first && type != "IHDR") return "the first chunk is not IHDR";
     first = false;
-    if (std::fseek(f, static_cast<long>(length) + 4, SEEK_CUR) != 0) return "truncated inside a chunk";
-    if (type == "IEND") {
-      const long end = std::ftell(f);
-      if (std::fseek(f, 0, SEEK_END) != 0 || std::ftell(f) < end) return "truncated inside the IEND chunk";
-      return "";
+    // Every chunk's CRC: a flipped bit inside IDAT leaves the structure whole.
+    uLong crc = crc32(0L, ch + 4, 4);
+    const bool keep = software != nullptr && type == "tEXt" && length <= 4096;
+    std::string text;
+    for (uint32_t left = length; left > 0;) {
+      const size_t n = std::fread(buf.data(), 1, std::min<size_t>(left, buf.size()), f);
+      if (n == 0) return type == "IEND" ? "truncated inside the IEND chunk" : "truncated inside a chunk";
+      crc = crc32(crc, buf.data(), static_cast<uInt>(n));
+      if (keep) text.append(reinterpret_cast<const char*>(buf.data()), n);
+      left -= static_cast<uint32_t>(n);
     }
+    unsigned char stored[4];
+    if (std::fread(stored, 1, 4, f) != 4) {
+      return type == "IEND" ? "truncated inside the IEND chunk" : "truncated inside a chunk";
+    }
+    const uint32_t want =
+        (uint32_t{stored[0]} << 24) | (uint32_t{stored[1]} << 16) | (uint32_t{stored[2]} << 8) | stored[3];
+    if (static_cast<uint32_t>(crc) != want) {
+      return fmt::format("chunk '{}' at byte {} has a bad CRC (the file is damaged)", name, at);
+    }
+    static const std::string kSoftwareKey("Software\0", 9);
+    if (keep && text.rfind(kSoftwareKey, 0) == 0) *software = text.substr(kSoftwareKey.size());
+    if (type == "IEND") return "";
+    at += int64_t{12} + length;
   }
 }
 

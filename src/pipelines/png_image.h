@@ -30,10 +30,13 @@ struct PngImage {
 // naming `path` for a missing or malformed file.
 PngImage read_png(const std::string& path);
 
-// Why the PNG file at `path` is not complete ("" when it is): the signature,
-// IHDR first, every chunk's length within the file, an IEND chunk that ends
-// inside the file. Reads the chunk headers only (no decoding). For resume: a
-// truncated or empty image recorded `done` runs again.
-std::string png_incomplete(const std::string& path);
+// Why the PNG file at `path` is not complete ("" when it is): a regular file,
+// the signature, IHDR first, every chunk within the file with a matching CRC,
+// an IEND chunk that ends inside the file. Reads every byte, decodes nothing.
+// For resume and merge-results: a truncated, empty or damaged image recorded
+// `done` runs again (is refused). When `software` is given, it receives the
+// text of a tEXt "Software" chunk ("tprun <version>" in the images tprun
+// writes; "" when there is none).
+std::string png_incomplete(const std::string& path, std::string* software = nullptr);
 
 }  // namespace tprun::pipelines

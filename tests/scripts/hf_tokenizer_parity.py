@@ -21,7 +21,12 @@ chat_template.h) against transformers 5 and the tokenizers library.
       (Flux2KleinPipeline's tokenizer path, Flux2Pipeline's processor path), all exact;
       (4) AutoTokenizer loads tprun's folders offline, and AutoProcessor gives a
       PixtralProcessor where torchvision is installed (PixtralProcessor requires it);
-      (5) variants of the known chat templates (re-indented, re-quoted, CRLF, comments, ...
+      (5) the mistral3 fixture with the tokenizer_class names the hub's processor folders carry
+      (LlamaTokenizerFast with add_bos_token / legacy, PreTrainedTokenizerFast, TokenizersBackend)
+      loaded as PixtralProcessor and as AutoProcessor: ids equal transformers' PixtralProcessor
+      (which loads TokenizersBackend whatever the class says); through AutoTokenizer (which builds
+      LlamaTokenizer) tprun still refuses the LlamaTokenizerFast one;
+      (6) variants of the known chat templates (re-indented, re-quoted, CRLF, comments, ...
       and ones that emit something else): tprun recognises exactly those that Jinja
       renders like the known template on the pipelines' messages.
 
@@ -244,7 +249,41 @@ def load_tokenizer(path, cls):
     import transformers
     if cls == "Qwen2TokenizerFast":
         return transformers.Qwen2TokenizerFast.from_pretrained(path)
+    if cls in ("PixtralProcessor", "AutoProcessor"):
+        # What PixtralProcessor.from_pretrained loads (processing_utils.py, _get_arguments_from_pretrained):
+        # TokenizersBackend from tokenizer.json whatever tokenizer_config.json's tokenizer_class says.
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+        return TokenizersBackend.from_pretrained(path)
     return transformers.AutoTokenizer.from_pretrained(path)
+
+
+# The tokenizer_config.json the hub's Mistral-Small-3.1 processor folders carry (FLUX.2 [dev]'s
+# tokenizer folder comes from there): tokenizer_class LlamaTokenizerFast with its add_bos_token /
+# add_eos_token / legacy, or the names transformers' own saves write.
+HUB_PIXTRAL_CLASSES = {
+    "LlamaTokenizerFast": {"add_bos_token": True, "add_eos_token": False, "legacy": True},
+    "PreTrainedTokenizerFast": {},
+    "TokenizersBackend": {},
+}
+
+
+def pixtral_variants(tmp):
+    """The mistral3 fixture with each hub class name: loaded through PixtralProcessor (model_index.json)
+    and AutoProcessor (processor_config.json says PixtralProcessor), plus the same folder through
+    AutoTokenizer, which really builds LlamaTokenizer and stays refused. (folders, refused folders)"""
+    folders, refused = [], []
+    for cls, extra in HUB_PIXTRAL_CLASSES.items():
+        d = os.path.join(tmp, f"pixtral_{cls}")
+        shutil.copytree(os.path.join(DATA, "mistral3"), d)
+        cfg_path = os.path.join(d, "tokenizer_config.json")
+        cfg = json.load(open(cfg_path, encoding="utf-8"))
+        cfg.update({"tokenizer_class": cls, **extra})
+        dump(cfg_path, cfg)
+        folders.append({"name": f"pixtral_{cls}", "path": d, "class": "PixtralProcessor", "caller": "processor"})
+        folders.append({"name": f"autoprocessor_{cls}", "path": d, "class": "AutoProcessor", "caller": "processor"})
+        if cls == "LlamaTokenizerFast":
+            refused.append({"name": f"autotokenizer_{cls}", "path": d, "class": "", "caller": "processor"})
+    return folders, refused
 
 
 def processor_template(path):
@@ -440,13 +479,15 @@ def check(binary):
                      "caller": "tokenizer"},
                     {"name": "written_mistral3", "path": os.path.join(tmp, "written_mistral3"), "class": "PixtralProcessor",
                      "caller": "processor"}]
+        variants_pixtral, refused = pixtral_variants(tmp)
+        folders += variants_pixtral
         prompts = cases["prompts"] + fuzz_prompts(150)
         lengths = cases["lengths"]
         # 3. tprun's ids.
         request = os.path.join(tmp, "request.json")
         out = os.path.join(tmp, "tprun.json")
         variants = template_variants()
-        dump(request, {"folders": folders, "prompts": prompts, "lengths": lengths, "out": out,
+        dump(request, {"folders": folders + refused, "prompts": prompts, "lengths": lengths, "out": out,
                        "templates": [t for _, _, t in variants]}, indent=None)
         run_tprun(binary, "TPRUN_HF_TOKENIZER_DUMP", request, "HfTokenizerFiles.DumpForParity")
         mine = json.load(open(out, encoding="utf-8"))
@@ -462,6 +503,14 @@ def check(binary):
         print(f"{len(variants)} template variants: {same} render like a known template "
               f"({same - refused_same} recognised, {refused_same} refused conservatively), "
               f"{len(variants) - same} render differently (all refused unless listed below)")
+        for f in refused:  # AutoTokenizer on LlamaTokenizerFast builds LlamaTokenizer: tprun must refuse
+            import transformers
+            built = type(transformers.AutoTokenizer.from_pretrained(f["path"])).__name__
+            err = mine[f["name"]].get("error", "")
+            if "is not a class tprun implements" not in err:
+                failures.append(f"{f['name']}: AutoTokenizer builds {built}; tprun should refuse, got {err or 'ids'}")
+            else:
+                print(f"{f['name']}: refused as expected (AutoTokenizer builds {built})")
         compared = 0
         with_processor = []
         for f in folders:

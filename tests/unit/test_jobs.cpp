@@ -285,7 +285,8 @@ TEST_F(JobFiles, MergeResultsLinksOutputsAndRefusesDoubleDone) {
       r.status = status;
       if (status == "done") {
         r.path = "images/" + id + ".png";
-        std::ofstream(d / r.path) << "png " << id;
+        const std::vector<uint8_t> rgb(4 * 4 * 3, 9);  // merge-results links whole PNGs only
+        pipelines::write_png((d / r.path).string(), rgb.data(), 4, 4, {});
       }
       log.append(r);
     }

@@ -1,0 +1,176 @@
+#include "pipelines/pipeline_components.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/pipeline_folder.h"
+#include "checkpoint/strict_json.h"
+#include "memory/memory_options.h"
+#include "runtime/error.h"
+
+namespace tprun::pipelines {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// Which config file holds the component's own class name.
+enum class ConfigClass {
+  kNone,          // not read here (tokenizers: their loaders check tokenizer_class; unused components)
+  kDiffusers,     // config.json "_class_name"
+  kScheduler,     // scheduler_config.json "_class_name"
+  kTransformers,  // config.json "architectures"[0] (and "_class_name" if a file has one)
+};
+
+struct Accepted {
+  const char* library;
+  std::vector<std::string> classes;
+  ConfigClass config;
+};
+
+using Table = std::map<std::string, Accepted>;
+
+// The annotations of diffusers' pipeline __init__ signatures (pipeline_flux.py,
+// pipeline_flux2.py, pipeline_flux2_klein.py), with the alternative spellings
+// transformers loads the same way.
+const Table* accepted_for(const std::string& pipeline) {
+  static const Accepted scheduler{"diffusers", {"FlowMatchEulerDiscreteScheduler"}, ConfigClass::kScheduler};
+  static const Table flux = {
+      {"transformer", {"diffusers", {"FluxTransformer2DModel"}, ConfigClass::kDiffusers}},
+      {"vae", {"diffusers", {"AutoencoderKL"}, ConfigClass::kDiffusers}},
+      {"scheduler", scheduler},
+      {"text_encoder", {"transformers", {"CLIPTextModel"}, ConfigClass::kTransformers}},
+      {"text_encoder_2", {"transformers", {"T5EncoderModel"}, ConfigClass::kTransformers}},
+      {"tokenizer", {"transformers", {"CLIPTokenizer", "CLIPTokenizerFast"}, ConfigClass::kNone}},
+      {"tokenizer_2", {"transformers", {"T5TokenizerFast", "T5Tokenizer"}, ConfigClass::kNone}},
+      {"image_encoder", {"transformers", {"CLIPVisionModelWithProjection"}, ConfigClass::kNone}},
+      {"feature_extractor", {"transformers", {"CLIPImageProcessor"}, ConfigClass::kNone}},
+  };
+  static const Table klein = {
+      {"transformer", {"diffusers", {"Flux2Transformer2DModel"}, ConfigClass::kDiffusers}},
+      {"vae", {"diffusers", {"AutoencoderKLFlux2"}, ConfigClass::kDiffusers}},
+      {"scheduler", scheduler},
+      {"text_encoder", {"transformers", {"Qwen3ForCausalLM"}, ConfigClass::kTransformers}},
+      {"tokenizer", {"transformers", {"Qwen2TokenizerFast", "Qwen2Tokenizer"}, ConfigClass::kNone}},
+  };
+  static const Table dev = {
+      {"transformer", {"diffusers", {"Flux2Transformer2DModel"}, ConfigClass::kDiffusers}},
+      {"vae", {"diffusers", {"AutoencoderKLFlux2"}, ConfigClass::kDiffusers}},
+      {"scheduler", scheduler},
+      {"text_encoder", {"transformers", {"Mistral3ForConditionalGeneration"}, ConfigClass::kTransformers}},
+      {"tokenizer", {"transformers", {"PixtralProcessor", "AutoProcessor"}, ConfigClass::kNone}},
+  };
+  if (pipeline == "FluxPipeline") return &flux;
+  if (pipeline == "Flux2KleinPipeline") return &klein;
+  if (pipeline == "Flux2Pipeline") return &dev;
+  return nullptr;
+}
+
+bool accepts(const Accepted& a, const std::string& cls) {
+  return std::find(a.classes.begin(), a.classes.end(), cls) != a.classes.end();
+}
+
+// The class a component config names, checked against `a`. `field` is
+// "_class_name" or "architectures".
+void check_config_class(const std::string& pipeline, const std::string& name, const Accepted& a, const json& config,
+                        const std::string& file) {
+  auto check_value = [&](const json& v, const std::string& field) {
+    if (!v.is_string()) {
+      throw CheckpointError(fmt::format("{}: {} is not a string (found {}); a {} {} must be {}", file, field,
+                                        clip_text(v.dump()), pipeline, name, fmt::join(a.classes, " or ")),
+                            true);
+    }
+    const std::string cls = v.get<std::string>();
+    if (!accepts(a, cls)) {
+      throw CheckpointError(fmt::format("{}: {} '{}' is not a class a {} accepts for its {} ({})", file, field,
+                                        clip_text(cls), pipeline, name, fmt::join(a.classes, ", ")),
+                            true);
+    }
+  };
+  if (!config.is_object()) throw CheckpointError(fmt::format("{}: must be a JSON object", file), true);
+  if (auto it = config.find("_class_name"); it != config.end()) check_value(*it, "_class_name");
+  if (a.config != ConfigClass::kTransformers) return;
+  if (auto it = config.find("architectures"); it != config.end() && !it->is_null()) {
+    if (!it->is_array() || it->empty()) {
+      throw CheckpointError(fmt::format("{}: architectures must be a list of class names (found {})", file,
+                                        clip_text(it->dump())),
+                            true);
+    }
+    check_value((*it)[0], "architectures[0]");
+  }
+}
+
+}  // namespace
+
+void check_pipeline_components(const checkpoint::PipelineFolder& pf) {
+  const Table* table = accepted_for(pf.cls);
+  if (!table) return;
+  const std::string index_file = (fs::path(pf.path) / "model_index.json").string();
+  std::vector<std::string> known;
+  for (const auto& [name, a] : *table) known.push_back(name);
+  for (const auto& c : pf.components) {
+    auto it = table->find(c.name);
+    if (it == table->end()) {
+      throw CheckpointError(fmt::format("{}: component '{}' ({}) is not one a {} has (known: {})", index_file,
+                                        clip_text(c.name), clip_text(c.cls), pf.cls, fmt::join(known, ", ")),
+                            true);
+    }
+    const Accepted& a = it->second;
+    if (c.library != a.library || !accepts(a, c.cls)) {
+      throw CheckpointError(fmt::format("{}: {} is [\"{}\", \"{}\"]; a {} accepts [\"{}\", {}] there", index_file,
+                                        c.name, clip_text(c.library), clip_text(c.cls), pf.cls, a.library,
+                                        fmt::format("\"{}\"", fmt::join(a.classes, "\" or \""))),
+                            true);
+    }
+    if (a.config == ConfigClass::kNone) continue;
+    const fs::path file = fs::path(c.path) / (a.config == ConfigClass::kScheduler ? "scheduler_config.json" : "config.json");
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec)) continue;  // the loader names the missing file
+    json config;
+    try {
+      config = checkpoint::read_json_file(file.string(), "component config");
+    } catch (const Error& e) {
+      rethrow_on_all_ranks(e);  // every rank reads the same file
+    }
+    check_config_class(pf.cls, c.name, a, config, file.string());
+  }
+}
+
+void check_vae_tiles(const memory::MemoryOptions& mo, int64_t scale_factor, int64_t sample_size,
+                     const std::string& vae_config) {
+  if (!mo.vae_tiling) return;
+  const bool given = mo.vae_tile_sample_size > 0;
+  const int64_t tile = given ? mo.vae_tile_sample_size : sample_size;
+  const std::string what =
+      given ? fmt::format("[memory] vae_tile_sample_size = {} px", tile)
+            : fmt::format("[memory] vae_tiling: the VAE's sample_size {} px ({}; set vae_tile_sample_size)", tile,
+                          vae_config);
+  // The smallest tile (a multiple of the scale factor) whose stride is a latent pixel at this overlap.
+  int64_t k = 1;
+  while (k < (int64_t{1} << 20) && static_cast<int64_t>(static_cast<double>(k) * (1 - mo.vae_tile_overlap)) < 1) ++k;
+  const std::string fix = fmt::format("use vae_tile_sample_size = a multiple of {} px of at least {} px", scale_factor,
+                                      k * scale_factor);
+  if (tile % scale_factor != 0) {
+    throw ConfigError(fmt::format("{} is not a multiple of the VAE's scale factor, {} px per latent pixel ({}); {}",
+                                  what, scale_factor, vae_config, fix),
+                      true);
+  }
+  // models/vae_tiling.h's decode stride, in latent pixels: int(latent tile x (1 - overlap)).
+  const auto stride = static_cast<int64_t>(static_cast<double>(tile / scale_factor) * (1 - mo.vae_tile_overlap));
+  if (stride < 1) {
+    throw ConfigError(
+        fmt::format("{} with vae_tile_overlap = {}: a tile advances by {} px, less than one latent pixel ({} px: the "
+                    "VAE's scale factor, {}), so tiles cannot move across the image; {} (or a smaller overlap)",
+                    what, mo.vae_tile_overlap, static_cast<double>(tile) * (1 - mo.vae_tile_overlap), scale_factor,
+                    vae_config, fix),
+        true);
+  }
+}
+
+}  // namespace tprun::pipelines
