@@ -36,8 +36,23 @@ std::vector<std::string> model_family_names() {
   return names;
 }
 
+namespace {
+
+// A config whose _class_name is there but not a string names no class: say so
+// (with the value) rather than treating it as missing.
+void check_class_name(const nlohmann::json& config, const std::string& config_path) {
+  if (config.is_object() && config.contains("_class_name") && !config["_class_name"].is_string()) {
+    throw CheckpointError(fmt::format("{}: _class_name is not a string (found {})", config_path,
+                                      clip_text(config["_class_name"].dump())),
+                          true);
+  }
+}
+
+}  // namespace
+
 std::optional<ModelTable> model_table_for(const nlohmann::json& config, const std::string& config_path,
                                           const ModelOptions& options, const TensorCensus* census) {
+  check_class_name(config, config_path);
   const ModelFamily* f = find_model_family(config_class(config));
   if (!f) return std::nullopt;
   return f->table(config, config_path, options, census);
@@ -46,12 +61,8 @@ std::optional<ModelTable> model_table_for(const nlohmann::json& config, const st
 std::unique_ptr<Model> load_model(checkpoint::WeightSource& source, const nlohmann::json& config,
                                   const std::string& config_path, const parallel::TpContext& tp,
                                   const ModelOptions& options) {
+  check_class_name(config, config_path);
   const std::string cls = config_class(config);
-  if (config.is_object() && config.contains("_class_name") && !config["_class_name"].is_string()) {
-    throw CheckpointError(fmt::format("{}: _class_name is not a string (found {})", config_path,
-                                      clip_text(config["_class_name"].dump())),
-                          true);
-  }
   const ModelFamily* f = find_model_family(cls);
   if (!f) {
     throw ConfigError(fmt::format("{}: class '{}' is not a model tprun can run (known: {})", config_path,

@@ -151,6 +151,7 @@ CONFIG_CASES = {
     "config_flux_single_layers_2e9": (with_(FLUX1, num_single_layers=2000000000), FLUX_NAMES,
                                       "num_single_layers' is 2000000000 but"),
     "config_flux_layers_1000": (with_(FLUX1, num_layers=1000), FLUX_NAMES, "num_layers' is 1000 but"),
+    "config_class_name_number": (with_(FLUX1, _class_name=5), FLUX_NAMES, "_class_name is not a string (found 5)"),
     "config_flux_heads_2e62": (with_(FLUX1, num_attention_heads=1 << 62), FLUX_NAMES, "num_attention_heads"),
     "config_flux2_single_layers_2e9": (
         {"_class_name": "Flux2Transformer2DModel", "num_layers": 1, "num_single_layers": 2000000000},
