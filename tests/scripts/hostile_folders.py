@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hostile pipeline folders and messages (issue 20, faults 8, 14, 15).
+"""Hostile pipeline folders and messages.
 
 Cases (one ctest entry each; `hostile_folders.py TPRUN MPIRUN CASE`):
   component_class_model_index  model_index.json naming "EvilModel", "../../etc" (as a class and as a

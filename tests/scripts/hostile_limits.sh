@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 20, parsers and limits (hostile input, second round), one case per ctest entry:
+# Hostile input, parsers and limits, one case per ctest entry:
 #   address_space_limit  `tprun run` under several tight `ulimit -v` values, 3 times each, with
 #                        --threads 16: each run ends (exit 0, or a clean error) within a bound and
 #                        never hangs in the thread pools; a limit that lowers the threads says so

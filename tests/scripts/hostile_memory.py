@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hostile [memory] input (issue 20): user regexes, disk-offload group files and their folder key.
+"""Hostile [memory] input: user regexes, disk-offload group files and their folder key.
 
 Cases (one ctest entry each; `hostile_memory.py TPRUN MPIRUN CASE`):
   regex_catastrophic    layerwise_casting.skip = ["(.*)*Q"] (exponential for a backtracking engine)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hostile input for `tprun merge-results` and for resume (issue 20, faults 1, 3 and the resume parts of 15).
+"""Hostile input for `tprun merge-results` and for resume.
 
 Every case makes real chunks with `tprun run --shard I/N` on an init-model tiny FLUX.1 folder (once per
 case), then hands merge-results or a resumed run something hostile. Nothing outside --out is ever

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 20, outputs: every path tprun writes is checked before any work; never the model, never a file
+"""Hostile input, outputs: every path tprun writes is checked before any work; never the model, never a file
 the run reads, never a file tprun did not write.
 
 Cases (one ctest entry each; `hostile_outputs.py TPRUN MPIRUN CASE`). Every refusal: exit 3 on every

@@ -1,4 +1,4 @@
-// Issue 20, parsers and limits: work that must stay linear in hostile sizes, and option values that
+// Parsers and limits: work that must stay linear in hostile sizes, and option values that
 // must be parsed with full range checks.
 #include <chrono>
 #include <cstdint>

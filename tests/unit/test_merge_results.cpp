@@ -1,4 +1,4 @@
-// merge-results and the results log against hostile chunks (issue 20): record
+// merge-results and the results log against hostile chunks: record
 // paths, --out placement, chunk locks, whole PNGs, all-or-nothing writes,
 // missing array chunks; resume's reading of duplicate, foreign and
 // newline-less records.

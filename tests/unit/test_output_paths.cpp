@@ -1,4 +1,4 @@
-// Issue 20: every path tprun writes (jobs/output_folder.h check_output_path),
+// Every path tprun writes (jobs/output_folder.h check_output_path),
 // the output folder's lock file (no symlink followed) and the reader's lock.
 #include <sys/stat.h>
 #include <unistd.h>
