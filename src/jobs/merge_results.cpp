@@ -248,10 +248,10 @@ std::string output_file_problem(const std::string& dir, const std::string& rel, 
   return "";
 }
 
-MergeSummary merge_results(const std::vector<std::string>& chunk_dirs, const std::string& out_dir,
-                           const MergeOptions& options) {
-  if (chunk_dirs.empty()) throw ConfigError("merge-results: name at least one chunk folder", true);
-  // 1. The chunks and --out, before anything is read or written.
+namespace {
+
+// 1. The chunk folders, resolved: each a folder with a results.jsonl, none named twice.
+std::vector<fs::path> resolve_chunks(const std::vector<std::string>& chunk_dirs) {
   std::vector<fs::path> chunks;
   for (const auto& dir : chunk_dirs) {
     std::error_code ec;
@@ -269,18 +269,19 @@ MergeSummary merge_results(const std::vector<std::string>& chunk_dirs, const std
     }
     chunks.push_back(c);
   }
-  const fs::path out = real_path(out_dir);
-  check_out(out_dir, out, chunk_dirs, chunks);
-  MergeSummary s;
-  check_array(chunk_dirs, options, s);
+  return chunks;
+}
 
-  // 2. Each chunk locked shared (a chunk whose run is still writing is
-  //    refused), its log read (record paths checked), one record per id.
-  std::vector<std::unique_ptr<OutputLock>> locks;
-  struct Origin {
-    ResultRecord rec;
-    std::string dir;
-  };
+struct Origin {
+  ResultRecord rec;
+  std::string dir;
+};
+
+// 2. Each chunk locked shared (a chunk whose run is still writing is refused),
+//    its log read (record paths checked), one record per id: `done` wins over
+//    `failed`, `done` twice is an error.
+std::map<std::string, Origin> read_chunks(const std::vector<std::string>& chunk_dirs,
+                                          std::vector<std::unique_ptr<OutputLock>>& locks, MergeSummary& s) {
   std::map<std::string, Origin> merged;
   for (const auto& dir : chunk_dirs) {
     try {
@@ -300,22 +301,76 @@ MergeSummary merge_results(const std::vector<std::string>& chunk_dirs, const std
       if (it == merged.end() || rec.status == "done") merged[id] = {rec, dir};
     }
   }
+  return merged;
+}
 
-  // 3. Every file to place, checked: inside its chunk, regular, PNGs whole.
-  std::vector<std::pair<std::string, std::string>> places;  // resolved source, place in --out
-  std::map<std::string, std::string> taken;                 // place -> resolved source
-  std::map<std::string, std::string> stores;                // resolved store file -> place
-  auto add = [&](const std::string& src, const std::string& dst, const std::string& what) {
-    auto [it, fresh] = taken.emplace(dst, src);
+// 3. Every file to place in --out, each checked (inside its chunk, regular,
+//    PNGs whole) before anything is written.
+class MergePlan {
+ public:
+  explicit MergePlan(const std::string& out_dir) : out_dir_(out_dir) {}
+
+  // Every finished store file of every chunk (a record's path names only one format).
+  void add_store_files(const std::vector<std::string>& chunk_dirs) {
+    for (const auto& dir : chunk_dirs) {
+      const fs::path sd = fs::path(dir) / "store";
+      std::error_code ec;
+      if (!fs::is_directory(sd, ec)) continue;
+      for (fs::directory_iterator it(sd, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string n = it->path().filename().string();
+        if (n.empty() || n[0] == '.' || it->path().extension() != ".h5") continue;
+        const std::string src = checked(dir, "store/" + n, "");
+        const std::string dst = fmt::format("store/{}-{}", chunk_name(dir), n);
+        stores_.emplace(src, dst);
+        add(src, dst, (fs::path(dir) / "store" / n).string());
+      }
+      if (ec) throw_io_error("merge-results: cannot list", sd.string(), ec.value());
+    }
+  }
+
+  // The merged log's lines: each record with its path renamed to its place in --out.
+  std::string add_records(const std::map<std::string, Origin>& merged, MergeSummary& s) {
+    std::string lines;
+    for (const auto& [id, o] : merged) {
+      ResultRecord r = o.rec;
+      if (r.status == "done" && !r.path.empty()) r.path = add_record_file(id, o.dir, r.path);
+      (r.status == "done" ? s.done : s.failed)++;
+      lines += r.to_json().dump() + "\n";
+    }
+    return lines;
+  }
+
+  // (resolved source, place in --out) of every file.
+  const std::vector<std::pair<std::string, std::string>>& places() const { return places_; }
+
+ private:
+  std::string add_record_file(const std::string& id, const std::string& dir, const std::string& path) {
+    const std::string file = record_file(path);
+    const std::string rest = path.substr(file.size());
+    const std::string log = (fs::path(dir) / "results.jsonl").string();
+    const std::string src = checked(dir, file, fmt::format(" (request '{}' in {})", clip_text(id), log));
+    std::string dst = file;
+    if (file.rfind("store/", 0) == 0) {  // store files of several chunks may share a name
+      auto [it, fresh] = stores_.emplace(src, "");
+      if (fresh) it->second = fmt::format("store/{}-{}", chunk_name(dir), fs::path(file).filename().string());
+      dst = it->second;
+    }
+    add(src, dst, fmt::format("{} (request '{}')", (fs::path(dir) / file).string(), clip_text(id)));
+    return dst + rest;
+  }
+
+  void add(const std::string& src, const std::string& dst, const std::string& what) {
+    auto [it, fresh] = taken_.emplace(dst, src);
     if (fresh) {
-      places.emplace_back(src, dst);
+      places_.emplace_back(src, dst);
     } else if (it->second != src) {
       throw ConfigError(fmt::format("merge-results: {} and {} would both become {}", what, it->second,
-                                    (fs::path(out_dir) / dst).string()),
+                                    (fs::path(out_dir_) / dst).string()),
                         true);
     }
-  };
-  auto checked = [](const std::string& dir, const std::string& file, const std::string& what) {
+  }
+
+  static std::string checked(const std::string& dir, const std::string& file, const std::string& what) {
     std::string real;
     const std::string why = output_file_problem(dir, file, &real);
     if (!why.empty()) {
@@ -324,50 +379,39 @@ MergeSummary merge_results(const std::vector<std::string>& chunk_dirs, const std
                         true);
     }
     return real;
-  };
-  // Every finished store file of every chunk (a record's path names only one format).
-  for (const auto& dir : chunk_dirs) {
-    const fs::path sd = fs::path(dir) / "store";
-    std::error_code ec;
-    if (!fs::is_directory(sd, ec)) continue;
-    for (fs::directory_iterator it(sd, ec), end; !ec && it != end; it.increment(ec)) {
-      const std::string n = it->path().filename().string();
-      if (n.empty() || n[0] == '.' || it->path().extension() != ".h5") continue;
-      const std::string src = checked(dir, "store/" + n, "");
-      const std::string dst = fmt::format("store/{}-{}", chunk_name(dir), n);
-      stores.emplace(src, dst);
-      add(src, dst, (fs::path(dir) / "store" / n).string());
-    }
-    if (ec) throw_io_error("merge-results: cannot list", sd.string(), ec.value());
   }
-  std::string lines;
-  for (auto& [id, o] : merged) {
-    ResultRecord r = o.rec;
-    if (r.status == "done" && !r.path.empty()) {
-      const std::string file = record_file(r.path);
-      const std::string rest = r.path.substr(file.size());
-      const std::string log = (fs::path(o.dir) / "results.jsonl").string();
-      const std::string src = checked(o.dir, file, fmt::format(" (request '{}' in {})", clip_text(id), log));
-      std::string dst = file;
-      if (file.rfind("store/", 0) == 0) {  // store files of several chunks may share a name
-        auto [it, fresh] = stores.emplace(src, "");
-        if (fresh) it->second = fmt::format("store/{}-{}", chunk_name(o.dir), fs::path(file).filename().string());
-        dst = it->second;
-      }
-      add(src, dst, fmt::format("{} (request '{}')", (fs::path(o.dir) / file).string(), clip_text(id)));
-      r.path = dst + rest;
-    }
-    (r.status == "done" ? s.done : s.failed)++;
-    lines += r.to_json().dump() + "\n";
-  }
+
+  const std::string out_dir_;
+  std::vector<std::pair<std::string, std::string>> places_;  // resolved source, place in --out
+  std::map<std::string, std::string> taken_;                 // place -> resolved source
+  std::map<std::string, std::string> stores_;                // resolved store file -> place
+};
+
+}  // namespace
+
+MergeSummary merge_results(const std::vector<std::string>& chunk_dirs, const std::string& out_dir,
+                           const MergeOptions& options) {
+  if (chunk_dirs.empty()) throw ConfigError("merge-results: name at least one chunk folder", true);
+  const std::vector<fs::path> chunks = resolve_chunks(chunk_dirs);
+  const fs::path out = real_path(out_dir);
+  check_out(out_dir, out, chunk_dirs, chunks);
+  MergeSummary s;
+  check_array(chunk_dirs, options, s);
+
+  std::vector<std::unique_ptr<OutputLock>> locks;  // held until the merge is done
+  const std::map<std::string, Origin> merged = read_chunks(chunk_dirs, locks, s);
+
+  MergePlan plan(out_dir);
+  plan.add_store_files(chunk_dirs);
+  const std::string lines = plan.add_records(merged, s);
 
   // 4. All or nothing into --out (locked against runs and other merges).
   Staging staging(out);
-  for (const auto& [src, dst] : places) staging.stage(src, dst);
+  for (const auto& [src, dst] : plan.places()) staging.stage(src, dst);
   nlohmann::json marker = {{"merged_by", "tprun merge-results"}, {"chunks", nlohmann::json::array()}};
   for (const auto& c : chunks) marker["chunks"].push_back(c.string());
   staging.commit(lines, marker.dump() + "\n");
-  s.files = static_cast<int64_t>(places.size());
+  s.files = static_cast<int64_t>(plan.places().size());
   return s;
 }
 
