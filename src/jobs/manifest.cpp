@@ -414,6 +414,23 @@ Manifest parse_manifest(const std::string& path, const std::vector<Override>& ov
   return parse_manifest_text(text.str(), path, overrides);
 }
 
+// The offload folders like the other paths: from the manifest's folder, or
+// the current one when --set gave them (the key or a table above it).
+static void place_offload_folders(const Doc& doc, const std::string& path, memory::MemoryOptions& mo) {
+  auto from_command_line = [&](const std::string& key) {
+    for (const auto& o : doc.overridden) {
+      if (key == o || key.rfind(o + ".", 0) == 0) return true;
+    }
+    return false;
+  };
+  auto place_folder = [&](const std::string& key, std::string& value) {
+    if (value.empty()) return;
+    value = from_command_line(key) ? fs::absolute(value).lexically_normal().string() : resolve(path, value);
+  };
+  place_folder("memory.offload.disk_path", mo.offload.disk_path);
+  place_folder("memory.offload_folder", mo.offload_folder);
+}
+
 Manifest parse_manifest_text(const std::string& text, const std::string& path, const std::vector<Override>& overrides) {
   Doc doc{path, {}};
   toml::table root;
@@ -541,20 +558,7 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path, c
   m.model = place("model", m.model);
   m.requests = place("requests", m.requests);
   m.output_dir = place("output.dir", m.output_dir);
-  // The offload folders like the other paths: from the manifest's folder, or
-  // the current one when --set gave them (the key or a table above it).
-  auto from_command_line = [&](const std::string& key) {
-    for (const auto& o : doc.overridden) {
-      if (key == o || key.rfind(o + ".", 0) == 0) return true;
-    }
-    return false;
-  };
-  auto place_folder = [&](const std::string& key, std::string& value) {
-    if (value.empty()) return;
-    value = from_command_line(key) ? fs::absolute(value).lexically_normal().string() : resolve(path, value);
-  };
-  place_folder("memory.offload.disk_path", m.memory.offload.disk_path);
-  place_folder("memory.offload_folder", m.memory.offload_folder);
+  place_offload_folders(doc, path, m.memory);
   return m;
 }
 
