@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 
 #include "cli/command.h"
-#include "pipelines/flux2_presets.h"
-#include "pipelines/pipeline_presets.h"
+#include "presets/flux2_presets.h"
+#include "presets/flux_presets.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/rank_env.h"
@@ -40,19 +40,19 @@ Command init_model_command() {
     const std::string dir = vm["dir"].as<std::string>(), arch = vm["arch"].as<std::string>();
     const std::string preset = vm["preset"].as<std::string>();
     const uint64_t seed = vm["seed"].as<uint64_t>();
-    pipelines::InitModelSummary s;
+    presets::InitModelSummary s;
     std::string what;
     const auto start = std::chrono::steady_clock::now();
     try {
       if (arch == "flux") {
-        const auto p = pipelines::flux_preset(preset);
+        const auto p = presets::flux_preset(preset);
         if (env && env->rank != 0) return 0;  // one writer; the others have nothing to do
-        s = pipelines::write_flux_pipeline(dir, p, seed, vm["force"].as<bool>());
+        s = presets::write_flux_pipeline(dir, p, seed, vm["force"].as<bool>());
         what = fmt::format("FLUX.1 pipeline '{}'", preset);
       } else if (arch == "flux2-klein" || arch == "flux2-dev") {
-        const auto p = pipelines::flux2_preset(arch, preset);
+        const auto p = presets::flux2_preset(arch, preset);
         if (env && env->rank != 0) return 0;
-        s = pipelines::write_flux2_pipeline(dir, p, seed, vm["force"].as<bool>());
+        s = presets::write_flux2_pipeline(dir, p, seed, vm["force"].as<bool>());
         what = fmt::format("FLUX.2 {} pipeline '{}'", p.klein ? "[klein]" : "[dev]", preset);
       } else {
         throw ConfigError(fmt::format("--arch '{}' is not known (flux, flux2-klein, flux2-dev)", arch));

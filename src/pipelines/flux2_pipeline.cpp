@@ -18,8 +18,8 @@
 #include "pipelines/batch_stages.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "pipelines/flux2_latents.h"
-#include "pipelines/chat_template.h"
-#include "pipelines/hf_tokenizer.h"
+#include "text/chat_template.h"
+#include "text/hf_tokenizer.h"
 #include "pipelines/latents.h"
 #include "pipelines/pipeline_components.h"
 #include "pipelines/request_checks.h"
@@ -40,7 +40,7 @@ struct Flux2Pipeline::Impl {
   FlowMatchSchedulerConfig scheduler;
   std::unique_ptr<models::Flux2Transformer> transformer;
   std::unique_ptr<models::DecoderTextEncoder> text_encoder;
-  std::unique_ptr<HfTokenizer> tokenizer;
+  std::unique_ptr<text::HfTokenizer> tokenizer;
   std::unique_ptr<models::AutoencoderKL> vae;
   int64_t vae_scale_factor = 8;
   int64_t in_channels = 128;
@@ -80,13 +80,13 @@ GenerationRequest flux2_defaults(int64_t vae_scale_factor) {
 // The template the pipeline's caller reads must be the one its text encoder
 // was trained with: a Qwen3 template in a dev folder (or Mistral's in klein)
 // would fail or mis-render every request, so it is a folder error at load.
-void check_template_kind(const HfTokenizer& tok, bool klein, const std::string& cls) {
-  const ChatTemplateKind want = klein ? ChatTemplateKind::kQwen3 : ChatTemplateKind::kMistral3;
-  const ChatTemplateKind got = tok.chat_template(klein ? ChatCaller::kTokenizer : ChatCaller::kProcessor);
+void check_template_kind(const text::HfTokenizer& tok, bool klein, const std::string& cls) {
+  const text::ChatTemplateKind want = klein ? text::ChatTemplateKind::kQwen3 : text::ChatTemplateKind::kMistral3;
+  const text::ChatTemplateKind got = tok.chat_template(klein ? text::ChatCaller::kTokenizer : text::ChatCaller::kProcessor);
   if (got != want) {
     throw CheckpointError(fmt::format("{}: the chat template is {}'s; a {} renders its prompts with the {} template "
                                       "(the tokenizer folder belongs to another pipeline)",
-                                      tok.folder(), chat_template_name(got), cls, chat_template_name(want)),
+                                      tok.folder(), text::chat_template_name(got), cls, text::chat_template_name(want)),
                           true);
   }
 }
@@ -152,7 +152,7 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
     // The tokenizer class model_index.json names (Qwen2TokenizerFast, PixtralProcessor) decides what
     // is read; the chat template must be one tprun knows (checked here, before any weight).
     const auto& tok = component(pf, "tokenizer");
-    impl->tokenizer = std::make_unique<HfTokenizer>(HfTokenizer::load(tok.path, tok.cls));
+    impl->tokenizer = std::make_unique<text::HfTokenizer>(text::HfTokenizer::load(tok.path, tok.cls));
     check_template_kind(*impl->tokenizer, impl->klein, pf.cls);
     if (impl->tokenizer->vocab_size() > ecfg.vocab_size) {
       throw CheckpointError(fmt::format("{}: the tokenizer has {} tokens but the text encoder's vocab_size is {} ({})",
@@ -273,9 +273,9 @@ models::TensorMap Flux2Pipeline::encode_prompt(const std::string& prompt, int64_
   if (!m.text_encoder) throw RequestError(fmt::format("{} was loaded without its text encoder", m.folder), true);
   const std::string key = fmt::format("{}\n{}", max_sequence_length, prompt);
   if (auto hit = m.cache->get(key)) return *hit;
-  decode_utf8(prompt, "prompt");  // offsets of bad bytes in the user's prompt, not in the templated text
-  const TokenizerOutput tokens =
-      m.tokenizer->encode_chat(m.klein ? flux2_klein_chat(prompt) : flux2_dev_chat(prompt), max_sequence_length);
+  text::decode_utf8(prompt, "prompt");  // offsets of bad bytes in the user's prompt, not in the templated text
+  const text::TokenizerOutput tokens =
+      m.tokenizer->encode_chat(m.klein ? text::flux2_klein_chat(prompt) : text::flux2_dev_chat(prompt), max_sequence_length);
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   at::Tensor ids = at::tensor(tokens.input_ids, long_opts).view({1, -1}).to(m.device);
   at::Tensor mask = at::tensor(tokens.attention_mask, long_opts).view({1, -1}).to(m.device);
@@ -393,11 +393,11 @@ std::vector<PromptTokens> flux2_tokenize(const std::string& folder, const std::s
   const auto pf = checkpoint::open_pipeline_folder(folder);
   const bool klein = pf.cls == Flux2Pipeline::kKleinClass;
   const auto& tok = component(pf, "tokenizer");
-  const HfTokenizer tokenizer = HfTokenizer::load(tok.path, tok.cls);
+  const text::HfTokenizer tokenizer = text::HfTokenizer::load(tok.path, tok.cls);
   check_template_kind(tokenizer, klein, pf.cls);
-  decode_utf8(prompt, "prompt");  // offsets of bad bytes in the user's prompt, not in the templated text
+  text::decode_utf8(prompt, "prompt");  // offsets of bad bytes in the user's prompt, not in the templated text
   return {{"tokenizer", klein ? "Qwen3 chat template" : "Mistral chat template with the FLUX.2 system message",
-           tokenizer.encode_chat(klein ? flux2_klein_chat(prompt) : flux2_dev_chat(prompt), max_sequence_length)}};
+           tokenizer.encode_chat(klein ? text::flux2_klein_chat(prompt) : text::flux2_dev_chat(prompt), max_sequence_length)}};
 }
 
 }  // namespace

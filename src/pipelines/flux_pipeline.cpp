@@ -16,14 +16,14 @@
 #include "models/flux_transformer.h"
 #include "models/model_config.h"
 #include "models/t5_encoder.h"
-#include "pipelines/clip_tokenizer.h"
+#include "text/clip_tokenizer.h"
 #include "pipelines/batch_stages.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "pipelines/latents.h"
 #include "pipelines/pipeline_components.h"
 #include "pipelines/request_checks.h"
 #include "pipelines/request_memory.h"
-#include "pipelines/t5_tokenizer.h"
+#include "text/t5_tokenizer.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
@@ -41,8 +41,8 @@ struct FluxPipeline::Impl {
   std::unique_ptr<models::ClipTextModel> clip;
   std::unique_ptr<models::T5Encoder> t5;
   std::unique_ptr<models::AutoencoderKL> vae;
-  std::unique_ptr<ClipTokenizer> tokenizer;
-  std::unique_ptr<T5Tokenizer> tokenizer_2;
+  std::unique_ptr<text::ClipTokenizer> tokenizer;
+  std::unique_ptr<text::T5Tokenizer> tokenizer_2;
   int64_t vae_scale_factor = kFluxVaeScaleFactor;
   int64_t latent_channels = 16;
   double scaling_factor = 1.0, shift_factor = 0.0;
@@ -137,8 +137,8 @@ std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, cons
                                         fcfg.joint_dim, impl->t5_dim, t5path),
                             true);
     }
-    impl->tokenizer = std::make_unique<ClipTokenizer>(component(pf, "tokenizer").path);
-    impl->tokenizer_2 = std::make_unique<T5Tokenizer>(component(pf, "tokenizer_2").path);
+    impl->tokenizer = std::make_unique<text::ClipTokenizer>(component(pf, "tokenizer").path);
+    impl->tokenizer_2 = std::make_unique<text::T5Tokenizer>(component(pf, "tokenizer_2").path);
   }
 
   {
@@ -245,8 +245,8 @@ models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t
   const std::string key = fmt::format("{}\n{}", max_sequence_length, prompt);
   if (auto hit = m.cache->get(key)) return *hit;
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
-  const TokenizerOutput clip_tokens = m.tokenizer->encode(prompt, m.tokenizer->model_max_length());
-  const TokenizerOutput t5_tokens = m.tokenizer_2->encode(prompt, max_sequence_length);
+  const text::TokenizerOutput clip_tokens = m.tokenizer->encode(prompt, m.tokenizer->model_max_length());
+  const text::TokenizerOutput t5_tokens = m.tokenizer_2->encode(prompt, max_sequence_length);
   const auto& clip_ids_vec = clip_tokens.input_ids;
   const auto& t5_ids_vec = t5_tokens.input_ids;
   at::Tensor clip_ids = at::tensor(clip_ids_vec, long_opts).view({1, -1}).to(m.device);
@@ -396,8 +396,8 @@ namespace {
 std::vector<PromptTokens> flux_tokenize(const std::string& folder, const std::string& prompt,
                                         int64_t max_sequence_length) {
   const auto pf = checkpoint::open_pipeline_folder(folder);
-  const ClipTokenizer clip(component(pf, "tokenizer").path);
-  const T5Tokenizer t5(component(pf, "tokenizer_2").path);
+  const text::ClipTokenizer clip(component(pf, "tokenizer").path);
+  const text::T5Tokenizer t5(component(pf, "tokenizer_2").path);
   return {{"tokenizer", "CLIP", clip.encode(prompt, clip.model_max_length())},
           {"tokenizer_2", "T5", t5.encode(prompt, max_sequence_length)}};
 }

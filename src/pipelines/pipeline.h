@@ -19,7 +19,7 @@
 #include "parallel/tp_context.h"
 #include "pipelines/generation_request.h"
 #include "pipelines/prompt_cache.h"
-#include "pipelines/tokenizer_common.h"
+#include "text/tokenizer_common.h"
 
 namespace at {
 class Tensor;
@@ -112,7 +112,7 @@ class Pipeline {
 struct PromptTokens {
   std::string component;    // the tokenizer's component folder
   std::string description;  // "CLIP", "T5", "Qwen3 chat template", ...
-  TokenizerOutput output;
+  text::TokenizerOutput output;
 };
 using PromptTokenizer = std::function<std::vector<PromptTokens>(const std::string& folder, const std::string& prompt,
                                                                 int64_t max_sequence_length)>;

@@ -15,7 +15,7 @@
 #include <png.h>
 #include <zlib.h>
 
-#include "pipelines/tokenizer_common.h"
+#include "text/tokenizer_common.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
@@ -86,7 +86,7 @@ void prepare_text(const PngText& text, const std::string& path, PreparedText& ou
                                      "carry",
                                      path, key, value.find('\0')));
     }
-    const std::u32string code_points = decode_utf8(value, fmt::format("{}: PNG text '{}'", path, key));
+    const std::u32string code_points = text::decode_utf8(value, fmt::format("{}: PNG text '{}'", path, key));
     png_text t;
     std::memset(&t, 0, sizeof(t));
     out.storage.push_back(key);

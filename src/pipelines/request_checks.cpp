@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "pipelines/tokenizer_common.h"
+#include "text/tokenizer_common.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
@@ -33,7 +33,7 @@ void need_text_prompts(const GenerationRequest& r) {
                                      field, nul),
                          true);
     }
-    decode_utf8(text, field);  // RequestError naming the byte offset in this text
+    text::decode_utf8(text, field);  // RequestError naming the byte offset in this text
   };
   check(r.prompt, "prompt");
   if (r.negative_prompt) check(*r.negative_prompt, "negative_prompt");

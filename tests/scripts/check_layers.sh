@@ -11,11 +11,13 @@ declare -A allowed=(
   [dist]="dist runtime"
   [checkpoint]="checkpoint runtime"
   [memory]="memory checkpoint runtime"
+  [text]="text checkpoint runtime"
   [parallel]="parallel memory checkpoint dist runtime"
   [models]="models parallel memory checkpoint dist runtime"
-  [pipelines]="pipelines models parallel memory checkpoint dist runtime"
-  [jobs]="jobs pipelines models parallel memory checkpoint dist runtime"
-  [cli]="cli jobs pipelines models parallel memory checkpoint dist runtime"
+  [pipelines]="pipelines text models parallel memory checkpoint dist runtime"
+  [presets]="presets pipelines text models parallel memory checkpoint dist runtime"
+  [jobs]="jobs pipelines text models parallel memory checkpoint dist runtime"
+  [cli]="cli jobs presets pipelines text models parallel memory checkpoint dist runtime"
 )
 bad=0
 for layer in "${!allowed[@]}"; do

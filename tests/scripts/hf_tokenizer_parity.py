@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tprun's tokenizer.json tokenizers and FLUX.2 chat templates (src/pipelines/hf_tokenizer.h,
+"""tprun's tokenizer.json tokenizers and FLUX.2 chat templates (src/text/hf_tokenizer.h,
 chat_template.h) against transformers 5 and the tokenizers library.
 
   hf_tokenizer_parity.py --regen
@@ -48,7 +48,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 DATA = os.path.join(ROOT, "tests", "data", "hf_tokenizers")
-TEXTS_CPP = os.path.join(ROOT, "src", "pipelines", "chat_template_texts.cpp")
+TEXTS_CPP = os.path.join(ROOT, "src", "text", "chat_template_texts.cpp")
 
 QWEN2_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 TEKKEN_PATTERN = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -103,7 +103,7 @@ PROMPTS = [
 
 
 def template_texts():
-    """The known template texts, from src/pipelines/chat_template_texts.cpp."""
+    """The known template texts, from src/text/chat_template_texts.cpp."""
     src = open(TEXTS_CPP, encoding="utf-8").read()
     texts = re.findall(r'R"JINJA\((.*?)\)JINJA"', src, re.S)
     assert len(texts) == 3, len(texts)

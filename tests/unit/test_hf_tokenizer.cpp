@@ -19,15 +19,15 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "pipelines/chat_template.h"
-#include "pipelines/hf_regex.h"
-#include "pipelines/hf_tokenizer.h"
-#include "pipelines/hf_tokenizer_files.h"
-#include "pipelines/tokenizer_files.h"
+#include "text/chat_template.h"
+#include "text/hf_regex.h"
+#include "text/hf_tokenizer.h"
+#include "presets/hf_tokenizer_files.h"
+#include "presets/tokenizer_files.h"
 #include "runtime/error.h"
 #include "test_data.h"
 
-namespace tprun::pipelines {
+namespace tprun::text {
 namespace {
 
 namespace fs = std::filesystem;
@@ -149,11 +149,11 @@ TEST(HfTokenizer, ChatTextsMatchTransformersRendering) {
 
 TEST(HfTokenizerFiles, WrittenFoldersLoadWithTheirTemplates) {
   test::TempDir tmp;
-  const ByteLevelBpe qwen = train_byte_level_bpe(bundled_corpus(), kQwen2SplitPattern, 300);
-  const ByteLevelBpe tekken = train_byte_level_bpe(bundled_corpus(), kTekkenSplitPattern, 300);
+  const presets::ByteLevelBpe qwen = presets::train_byte_level_bpe(presets::bundled_corpus(), presets::kQwen2SplitPattern, 300);
+  const presets::ByteLevelBpe tekken = presets::train_byte_level_bpe(presets::bundled_corpus(), presets::kTekkenSplitPattern, 300);
   EXPECT_EQ(qwen.merges.size(), 300u);
-  const int64_t qn = write_qwen3_tokenizer(tmp / "qwen3", qwen);
-  const int64_t mn = write_mistral3_tokenizer(tmp / "mistral3", tekken);
+  const int64_t qn = presets::write_qwen3_tokenizer(tmp / "qwen3", qwen);
+  const int64_t mn = presets::write_mistral3_tokenizer(tmp / "mistral3", tekken);
   EXPECT_EQ(qn, 256 + 300 + 26);
   EXPECT_EQ(mn, 32 + 256 + 300);
   const HfTokenizer q = HfTokenizer::load(tmp / "qwen3", "Qwen2TokenizerFast");
@@ -176,17 +176,17 @@ TEST(HfTokenizerFiles, WrittenFoldersLoadWithTheirTemplates) {
   EXPECT_EQ(d.input_ids[1], 17);
   EXPECT_EQ(m.encode("a", true)[0], 1);  // the post-processor's BOS on plain text
   // Existing files are not overwritten.
-  EXPECT_THROW(write_qwen3_tokenizer(tmp / "qwen3", qwen), std::exception);
+  EXPECT_THROW(presets::write_qwen3_tokenizer(tmp / "qwen3", qwen), std::exception);
 }
 
 TEST(HfTokenizerFiles, WriteForParity) {
   const char* dir = std::getenv("TPRUN_HF_TOKENIZER_WRITE");
   if (dir == nullptr || *dir == '\0') GTEST_SKIP() << "TPRUN_HF_TOKENIZER_WRITE not set (hf_tokenizer_parity.py sets it)";
   const fs::path root(dir);
-  const int64_t qn = write_qwen3_tokenizer((root / "written_qwen3").string(),
-                                           train_byte_level_bpe(bundled_corpus(), kQwen2SplitPattern, 400));
-  const int64_t mn = write_mistral3_tokenizer((root / "written_mistral3").string(),
-                                              train_byte_level_bpe(bundled_corpus(), kTekkenSplitPattern, 400));
+  const int64_t qn = presets::write_qwen3_tokenizer((root / "written_qwen3").string(),
+                                           presets::train_byte_level_bpe(presets::bundled_corpus(), presets::kQwen2SplitPattern, 400));
+  const int64_t mn = presets::write_mistral3_tokenizer((root / "written_mistral3").string(),
+                                              presets::train_byte_level_bpe(presets::bundled_corpus(), presets::kTekkenSplitPattern, 400));
   write_text(root / "written_sizes.json", json{{"written_qwen3", qn}, {"written_mistral3", mn}}.dump());
 }
 
@@ -377,12 +377,12 @@ std::vector<std::string> split(const std::string& pattern, const std::string& te
 
 TEST(SplitRegex, Qwen2AndTekkenPatterns) {
   using V = std::vector<std::string>;
-  EXPECT_EQ(split(kQwen2SplitPattern, "Hello world's 123  x\n\n y"),
+  EXPECT_EQ(split(presets::kQwen2SplitPattern, "Hello world's 123  x\n\n y"),
             (V{"Hello", " world", "'s", " ", "1", "2", "3", " ", " x", "\n\n", " y"}));
-  EXPECT_EQ(split(kQwen2SplitPattern, "I'M"), (V{"I", "'M"}));
-  EXPECT_EQ(split(kQwen2SplitPattern, "x'ſt"), (V{"x", "'ſ", "t"}));  // Oniguruma folds ſ to s
-  EXPECT_EQ(split(kQwen2SplitPattern, "a   b"), (V{"a", "  ", " b"}));
-  EXPECT_EQ(split(kTekkenSplitPattern, "HelloWORLD Ab"), (V{"Hello", "WORLD", " Ab"}));
+  EXPECT_EQ(split(presets::kQwen2SplitPattern, "I'M"), (V{"I", "'M"}));
+  EXPECT_EQ(split(presets::kQwen2SplitPattern, "x'ſt"), (V{"x", "'ſ", "t"}));  // Oniguruma folds ſ to s
+  EXPECT_EQ(split(presets::kQwen2SplitPattern, "a   b"), (V{"a", "  ", " b"}));
+  EXPECT_EQ(split(presets::kTekkenSplitPattern, "HelloWORLD Ab"), (V{"Hello", "WORLD", " Ab"}));
   EXPECT_THROW(SplitRegex::compile("a*?"), std::invalid_argument);
   EXPECT_THROW(SplitRegex::compile("(a*)*"), std::invalid_argument);
   EXPECT_THROW(SplitRegex::compile("\\p{Greek}"), std::invalid_argument);
@@ -390,4 +390,4 @@ TEST(SplitRegex, Qwen2AndTekkenPatterns) {
 }
 
 }  // namespace
-}  // namespace tprun::pipelines
+}  // namespace tprun::text

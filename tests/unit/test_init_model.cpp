@@ -20,12 +20,12 @@
 #include "checkpoint/safetensors_header.h"
 #include "models/init_weights.h"
 #include "models/model_registry.h"
-#include "pipelines/pipeline_presets.h"
-#include "pipelines/bpe_trainer.h"
-#include "pipelines/clip_text_clean.h"
-#include "pipelines/clip_tokenizer.h"
-#include "pipelines/t5_tokenizer.h"
-#include "pipelines/tokenizer_files.h"
+#include "presets/flux_presets.h"
+#include "text/bpe_trainer.h"
+#include "text/clip_text_clean.h"
+#include "text/clip_tokenizer.h"
+#include "text/t5_tokenizer.h"
+#include "presets/tokenizer_files.h"
 #include "runtime/error.h"
 #include "test_data.h"
 
@@ -49,7 +49,7 @@ json read_json(const fs::path& p) { return json::parse(read_file(p)); }
 // ---- BPE trainer ------------------------------------------------------------------
 
 TEST(BpeTrainer, ByteSymbolsAreOpenaiOrder) {
-  const auto s = pipelines::clip_byte_symbols();
+  const auto s = text::clip_byte_symbols();
   ASSERT_EQ(s.size(), 256u);
   EXPECT_EQ(s['!'], "!");
   EXPECT_EQ(s['a'], "a");
@@ -62,7 +62,7 @@ TEST(BpeTrainer, ByteSymbolsAreOpenaiOrder) {
 TEST(BpeTrainer, LearnsMostFrequentPairsSmallestFirst) {
   // "aaa" x3 and "ab" x1: (a,a) and (a,a</w>) both occur 3 times; the
   // smaller pair (a,a) wins; then (aa,a</w>) 3 times; (a,b</w>) once stops.
-  const auto v = pipelines::train_clip_bpe({"aaa aaa", "AAA ab"}, 10);
+  const auto v = text::train_clip_bpe({"aaa aaa", "AAA ab"}, 10);
   ASSERT_EQ(v.merges.size(), 2u);
   EXPECT_EQ(v.merges[0], std::make_pair(std::string("a"), std::string("a")));
   EXPECT_EQ(v.merges[1], std::make_pair(std::string("aa"), std::string("a</w>")));
@@ -76,14 +76,14 @@ TEST(BpeTrainer, LearnsMostFrequentPairsSmallestFirst) {
   EXPECT_EQ(v.tokens[514], "<|startoftext|>");
   EXPECT_EQ(v.tokens[515], "<|endoftext|>");
   // The limit is honoured.
-  EXPECT_EQ(pipelines::train_clip_bpe({"aaa aaa", "AAA ab"}, 1).merges.size(), 1u);
-  EXPECT_THROW(pipelines::train_clip_bpe({"x"}, -1), ConfigError);
-  EXPECT_THROW(pipelines::train_clip_bpe({"bad \xff"}, 5), RequestError);
+  EXPECT_EQ(text::train_clip_bpe({"aaa aaa", "AAA ab"}, 1).merges.size(), 1u);
+  EXPECT_THROW(text::train_clip_bpe({"x"}, -1), ConfigError);
+  EXPECT_THROW(text::train_clip_bpe({"bad \xff"}, 5), RequestError);
 }
 
 TEST(BpeTrainer, EveryTokenHasOneIdAndCorpusIsDeterministic) {
-  const auto a = pipelines::train_clip_bpe(pipelines::bundled_corpus(), 1000);
-  const auto b = pipelines::train_clip_bpe(pipelines::bundled_corpus(), 1000);
+  const auto a = text::train_clip_bpe(presets::bundled_corpus(), 1000);
+  const auto b = text::train_clip_bpe(presets::bundled_corpus(), 1000);
   EXPECT_EQ(a.merges, b.merges);
   EXPECT_GT(a.merges.size(), 300u) << "the bundled corpus should support a few hundred merges";
   std::set<std::string> seen(a.tokens.begin(), a.tokens.end());
@@ -96,11 +96,11 @@ class TokenizerFolders : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir;
-    const auto& corpus = pipelines::bundled_corpus();
-    bpe_ = new pipelines::BpeVocabulary(pipelines::train_clip_bpe(corpus, 1000));
-    clip_size_ = pipelines::write_clip_tokenizer((dir_->path() / "tokenizer").string(), *bpe_);
-    t5_ = new pipelines::T5Vocabulary(pipelines::train_t5_sentencepiece(corpus, 500));
-    t5_length_ = pipelines::write_t5_tokenizer((dir_->path() / "tokenizer_2").string(), *t5_);
+    const auto& corpus = presets::bundled_corpus();
+    bpe_ = new text::BpeVocabulary(text::train_clip_bpe(corpus, 1000));
+    clip_size_ = presets::write_clip_tokenizer((dir_->path() / "tokenizer").string(), *bpe_);
+    t5_ = new presets::T5Vocabulary(presets::train_t5_sentencepiece(corpus, 500));
+    t5_length_ = presets::write_t5_tokenizer((dir_->path() / "tokenizer_2").string(), *t5_);
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -108,13 +108,13 @@ class TokenizerFolders : public ::testing::Test {
     delete t5_;
   }
   static TempDir* dir_;
-  static pipelines::BpeVocabulary* bpe_;
-  static pipelines::T5Vocabulary* t5_;
+  static text::BpeVocabulary* bpe_;
+  static presets::T5Vocabulary* t5_;
   static int64_t clip_size_, t5_length_;
 };
 TempDir* TokenizerFolders::dir_ = nullptr;
-pipelines::BpeVocabulary* TokenizerFolders::bpe_ = nullptr;
-pipelines::T5Vocabulary* TokenizerFolders::t5_ = nullptr;
+text::BpeVocabulary* TokenizerFolders::bpe_ = nullptr;
+presets::T5Vocabulary* TokenizerFolders::t5_ = nullptr;
 int64_t TokenizerFolders::clip_size_ = 0;
 int64_t TokenizerFolders::t5_length_ = 0;
 
@@ -137,7 +137,7 @@ TEST_F(TokenizerFolders, ClipFilesHaveFluxLayout) {
 }
 
 TEST_F(TokenizerFolders, ClipTokenizerLoadsAndRoundTrips) {
-  const pipelines::ClipTokenizer tok((dir_->path() / "tokenizer").string());
+  const text::ClipTokenizer tok((dir_->path() / "tokenizer").string());
   EXPECT_EQ(static_cast<int64_t>(tok.vocab_size()), clip_size_);
   EXPECT_EQ(tok.bos_id(), clip_size_ - 2);
   EXPECT_EQ(tok.eos_id(), clip_size_ - 1);
@@ -149,18 +149,18 @@ TEST_F(TokenizerFolders, ClipTokenizerLoadsAndRoundTrips) {
   for (const char* w : {"a", "of", "the", "and", "with", "in", "photo"})
     EXPECT_EQ(tok.content_ids(w).size(), 1u) << w;
   size_t ids = 0, bytes = 0;
-  for (const auto& line : pipelines::bundled_corpus()) {
+  for (const auto& line : presets::bundled_corpus()) {
     ids += tok.content_ids(line).size();
     bytes += line.size();
   }
   EXPECT_LT(ids * 2, bytes) << "merges should compress the corpus well below a token per byte";
   // Decoding the ids of every corpus line gives its words back.
-  for (const auto& line : pipelines::bundled_corpus()) {
+  for (const auto& line : presets::bundled_corpus()) {
     std::string decoded;
     for (int64_t id : tok.content_ids(line)) decoded += bpe_->tokens[static_cast<size_t>(id)];
     std::string expected;
-    for (const auto& w : pipelines::clip_pretokenize(pipelines::clip_basic_clean(line))) {
-      for (unsigned char b : w) expected += pipelines::clip_byte_symbols()[b];
+    for (const auto& w : text::clip_pretokenize(text::clip_basic_clean(line))) {
+      for (unsigned char b : w) expected += text::clip_byte_symbols()[b];
       expected += "</w>";
     }
     EXPECT_EQ(decoded, expected) << line;
@@ -175,7 +175,7 @@ TEST_F(TokenizerFolders, T5ModelIsSentencePieceUnigram) {
   EXPECT_EQ(t5_->pieces[2].first, "<unk>");
   EXPECT_FALSE(t5_->precompiled_charsmap.empty()) << "nmt_nfkc carries a precompiled map";
   // Same text, same model, byte for byte.
-  EXPECT_EQ(pipelines::train_t5_sentencepiece(pipelines::bundled_corpus(), 500).model_proto, t5_->model_proto);
+  EXPECT_EQ(presets::train_t5_sentencepiece(presets::bundled_corpus(), 500).model_proto, t5_->model_proto);
   EXPECT_EQ(t5_length_, static_cast<int64_t>(t5_->pieces.size()) + 100);
 }
 
@@ -183,7 +183,7 @@ TEST_F(TokenizerFolders, T5TokenizerLoadsWithExtraIds) {
   const fs::path d = dir_->path() / "tokenizer_2";
   for (const char* f : {"spiece.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
     EXPECT_TRUE(fs::is_regular_file(d / f)) << f;
-  const pipelines::T5Tokenizer tok(d.string());
+  const text::T5Tokenizer tok(d.string());
   EXPECT_EQ(tok.vocab_size(), t5_length_);
   EXPECT_EQ(tok.pad_id(), 0);
   EXPECT_EQ(tok.eos_id(), 1);
@@ -202,28 +202,28 @@ TEST_F(TokenizerFolders, T5TokenizerLoadsWithExtraIds) {
   EXPECT_EQ(fast["model"]["type"], "Unigram");
   EXPECT_EQ(static_cast<int64_t>(fast["model"]["vocab"].size()), t5_length_);
   EXPECT_EQ(fast["model"]["vocab"][t5_length_ - 1][0], "<extra_id_0>");
-  EXPECT_EQ(fast["normalizer"]["precompiled_charsmap"], pipelines::base64_encode(t5_->precompiled_charsmap));
+  EXPECT_EQ(fast["normalizer"]["precompiled_charsmap"], presets::base64_encode(t5_->precompiled_charsmap));
 }
 
 TEST(TokenizerFiles, Base64AndProtobufField) {
-  EXPECT_EQ(pipelines::base64_encode(""), "");
-  EXPECT_EQ(pipelines::base64_encode("f"), "Zg==");
-  EXPECT_EQ(pipelines::base64_encode("fo"), "Zm8=");
-  EXPECT_EQ(pipelines::base64_encode("foo"), "Zm9v");
-  EXPECT_EQ(pipelines::base64_encode("foobar"), "Zm9vYmFy");
+  EXPECT_EQ(presets::base64_encode(""), "");
+  EXPECT_EQ(presets::base64_encode("f"), "Zg==");
+  EXPECT_EQ(presets::base64_encode("fo"), "Zm8=");
+  EXPECT_EQ(presets::base64_encode("foo"), "Zm9v");
+  EXPECT_EQ(presets::base64_encode("foobar"), "Zm9vYmFy");
   // field 3 (normalizer_spec) { field 1 "n", field 2 "xyz" }, after a varint field 7.
   const std::string proto = std::string("\x38\x96\x01", 3) + "\x1a\x08" + "\x0a\x01n" + "\x12\x03xyz";
-  EXPECT_EQ(pipelines::spm_precompiled_charsmap(proto, "test"), "xyz");
-  EXPECT_THROW(pipelines::spm_precompiled_charsmap("\x1a\x09\x0a", "test"), CheckpointError);
+  EXPECT_EQ(presets::spm_precompiled_charsmap(proto, "test"), "xyz");
+  EXPECT_THROW(presets::spm_precompiled_charsmap("\x1a\x09\x0a", "test"), CheckpointError);
 }
 
 // ---- presets and random weights ---------------------------------------------------
 
 TEST(FluxPresets, ConfigsFitTogether) {
-  for (const auto& name : pipelines::flux_preset_names()) {
+  for (const auto& name : presets::flux_preset_names()) {
     SCOPED_TRACE(name);
-    const auto p = pipelines::flux_preset(name);
-    const auto c = pipelines::flux_pipeline_configs(p, 1500, 600);
+    const auto p = presets::flux_preset(name);
+    const auto c = presets::flux_pipeline_configs(p, 1500, 600);
     EXPECT_EQ(c.transformer["in_channels"], 4 * c.vae["latent_channels"].get<int64_t>());
     EXPECT_EQ(c.transformer["pooled_projection_dim"], c.text_encoder["hidden_size"]);
     EXPECT_EQ(c.transformer["joint_attention_dim"], c.text_encoder_2["d_model"]);
@@ -235,15 +235,15 @@ TEST(FluxPresets, ConfigsFitTogether) {
     EXPECT_EQ(c.text_encoder["architectures"], json::array({"CLIPTextModel"}));
     EXPECT_EQ(c.scheduler["use_dynamic_shifting"], true);
   }
-  EXPECT_EQ(pipelines::flux_preset("small").num_attention_heads * pipelines::flux_preset("small").attention_head_dim, 256);
-  EXPECT_THROW(pipelines::flux_preset("huge"), ConfigError);
+  EXPECT_EQ(presets::flux_preset("small").num_attention_heads * presets::flux_preset("small").attention_head_dim, 256);
+  EXPECT_THROW(presets::flux_preset("huge"), ConfigError);
 }
 
 TEST(FluxPresets, MismatchesAreConfigErrors) {
-  auto c = pipelines::flux_pipeline_configs(pipelines::flux_preset("tiny"), 1500, 600);
-  auto expect_error = [&](const pipelines::FluxPipelineConfigs& bad, const std::string& field) {
+  auto c = presets::flux_pipeline_configs(presets::flux_preset("tiny"), 1500, 600);
+  auto expect_error = [&](const presets::FluxPipelineConfigs& bad, const std::string& field) {
     try {
-      pipelines::check_flux_pipeline_configs(bad, 1500, 600);
+      presets::check_flux_pipeline_configs(bad, 1500, 600);
       ADD_FAILURE() << "no error for " << field;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
@@ -345,7 +345,7 @@ TEST(InitWeights, SeededNormalsWithTheRightMoments) {
 TEST(InitModel, TinyFolderIsCompleteAndLoadable) {
   TempDir tmp;
   const fs::path dir = tmp.path() / "flux-tiny";
-  const auto summary = pipelines::write_flux_pipeline(dir.string(), pipelines::flux_preset("tiny"), 0, false);
+  const auto summary = presets::write_flux_pipeline(dir.string(), presets::flux_preset("tiny"), 0, false);
   EXPECT_GT(summary.tensors, 0);
   // Nothing left next to it.
   EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()), 1);
@@ -387,15 +387,15 @@ TEST(InitModel, TinyFolderIsCompleteAndLoadable) {
   EXPECT_EQ(t5_header.find("encoder.embed_tokens.weight"), nullptr);
 
   // The tokenizers load.
-  const pipelines::ClipTokenizer clip((dir / "tokenizer").string());
+  const text::ClipTokenizer clip((dir / "tokenizer").string());
   EXPECT_EQ(static_cast<int64_t>(clip.vocab_size()), read_json(dir / "text_encoder" / "config.json")["vocab_size"]);
-  const pipelines::T5Tokenizer t5tok((dir / "tokenizer_2").string());
+  const text::T5Tokenizer t5tok((dir / "tokenizer_2").string());
   EXPECT_EQ(t5tok.vocab_size(), summary.t5_tokenizer_length);
 
   // Same seed, same bytes; another seed, other weights.
   const fs::path again = tmp.path() / "again", other = tmp.path() / "other";
-  pipelines::write_flux_pipeline(again.string(), pipelines::flux_preset("tiny"), 0, false);
-  pipelines::write_flux_pipeline(other.string(), pipelines::flux_preset("tiny"), 1, false);
+  presets::write_flux_pipeline(again.string(), presets::flux_preset("tiny"), 0, false);
+  presets::write_flux_pipeline(other.string(), presets::flux_preset("tiny"), 1, false);
   for (const char* f : {"transformer/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.safetensors",
                         "text_encoder/model.safetensors", "text_encoder_2/model.safetensors",
                         "tokenizer/vocab.json", "tokenizer_2/spiece.model", "tokenizer_2/tokenizer.json"}) {
@@ -411,7 +411,7 @@ TEST(InitModel, RefusesNonEmptyFolderUnlessForced) {
   fs::create_directories(dir);
   std::ofstream(dir / "keep.txt") << "mine";
   try {
-    pipelines::write_flux_pipeline(dir.string(), pipelines::flux_preset("tiny"), 0, false);
+    presets::write_flux_pipeline(dir.string(), presets::flux_preset("tiny"), 0, false);
     ADD_FAILURE() << "no error";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(dir.string()), std::string::npos) << e.what();
@@ -422,14 +422,14 @@ TEST(InitModel, RefusesNonEmptyFolderUnlessForced) {
 
   // A file is never replaced.
   std::ofstream(tmp.path() / "file") << "x";
-  EXPECT_THROW(pipelines::write_flux_pipeline((tmp.path() / "file").string(), pipelines::flux_preset("tiny"), 0, true),
+  EXPECT_THROW(presets::write_flux_pipeline((tmp.path() / "file").string(), presets::flux_preset("tiny"), 0, true),
                ConfigError);
 
   // An empty folder is fine; --force replaces a full one.
   fs::create_directories(tmp.path() / "empty");
-  pipelines::write_flux_pipeline((tmp.path() / "empty").string(), pipelines::flux_preset("tiny"), 0, false);
+  presets::write_flux_pipeline((tmp.path() / "empty").string(), presets::flux_preset("tiny"), 0, false);
   EXPECT_TRUE(fs::is_regular_file(tmp.path() / "empty" / "model_index.json"));
-  pipelines::write_flux_pipeline(dir.string() + "/", pipelines::flux_preset("tiny"), 0, true);
+  presets::write_flux_pipeline(dir.string() + "/", presets::flux_preset("tiny"), 0, true);
   EXPECT_FALSE(fs::exists(dir / "keep.txt"));
   EXPECT_TRUE(fs::is_regular_file(dir / "model_index.json"));
   EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()), 3);  // taken, file, empty

@@ -23,8 +23,8 @@
 #include "models/model_builder.h"
 #include "models/model_config.h"
 #include "models/model_registry.h"
-#include "pipelines/flux2_presets.h"
-#include "pipelines/pipeline_presets.h"
+#include "presets/flux2_presets.h"
+#include "presets/flux_presets.h"
 #include "runtime/error.h"
 
 namespace tprun::models {
@@ -129,9 +129,9 @@ TEST(TensorCensus, CountsDistinctBlockIndicesUnderAPrefix) {
 // Every component config the presets write (FLUX.1 transformer, CLIP, T5,
 // AutoencoderKL; FLUX.2 transformer, AutoencoderKLFlux2, Qwen3, Mistral3).
 std::vector<std::pair<std::string, nlohmann::json>> preset_configs() {
-  const auto f1 = pipelines::flux_pipeline_configs(pipelines::flux_preset("tiny"), 1000, 600);
-  const auto klein = pipelines::flux2_pipeline_configs(pipelines::flux2_preset("flux2-klein", "tiny"), 1000);
-  const auto dev = pipelines::flux2_pipeline_configs(pipelines::flux2_preset("flux2-dev", "tiny"), 1000);
+  const auto f1 = presets::flux_pipeline_configs(presets::flux_preset("tiny"), 1000, 600);
+  const auto klein = presets::flux2_pipeline_configs(presets::flux2_preset("flux2-klein", "tiny"), 1000);
+  const auto dev = presets::flux2_pipeline_configs(presets::flux2_preset("flux2-dev", "tiny"), 1000);
   return {{"flux", f1.transformer},          {"clip", f1.text_encoder},     {"t5", f1.text_encoder_2},
           {"vae", f1.vae},                   {"flux2", klein.transformer},  {"vae2", klein.vae},
           {"qwen3", klein.text_encoder},     {"mistral3", dev.text_encoder}};

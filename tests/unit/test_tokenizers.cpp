@@ -14,12 +14,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "pipelines/clip_tokenizer.h"
-#include "pipelines/t5_tokenizer.h"
+#include "text/clip_tokenizer.h"
+#include "text/t5_tokenizer.h"
 #include "runtime/error.h"
 #include "test_data.h"
 
-namespace tprun::pipelines {
+namespace tprun::text {
 namespace {
 
 namespace fs = std::filesystem;
@@ -180,4 +180,4 @@ TEST(TokenizerErrors, MissingOrBadSpieceModelNamesTheFile) {
 }
 
 }  // namespace
-}  // namespace tprun::pipelines
+}  // namespace tprun::text
