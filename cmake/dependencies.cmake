@@ -112,14 +112,14 @@ find_package(GTest REQUIRED)
 # read with hyperslabs, collectively through MPI-IO.
 pkg_check_modules(HDF5P REQUIRED IMPORTED_TARGET hdf5-openmpi)
 
-# Tokenizers: SentencePiece (T5) and ICU's Unicode properties, NFC and
-# lower-casing (CLIP's text clean-up).
+# Tokenizers: SentencePiece (T5) and ICU: Unicode properties, NFC,
+# lower-casing (CLIP's text clean-up), regexes (tokenizer.json pre-tokenizers).
 pkg_check_modules(SPM REQUIRED IMPORTED_TARGET sentencepiece)
 # The trainer (`tprun init-model` learns its tiny T5 vocabulary): Debian's
 # sentencepiece.pc lists it, other builds may not, so it is added explicitly.
 find_library(SPM_TRAIN_LIBRARY NAMES sentencepiece_train HINTS ${SPM_LIBRARY_DIRS} REQUIRED)
 set_property(TARGET PkgConfig::SPM APPEND PROPERTY INTERFACE_LINK_LIBRARIES "${SPM_TRAIN_LIBRARY}")
-pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
+pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc icu-i18n)
 
 # User-supplied regular expressions (runtime/user_pattern.h): RE2's
 # linear-time matching. xxHash: the XXH3 content hash of disk-offload group

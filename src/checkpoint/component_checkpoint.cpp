@@ -72,6 +72,107 @@ void refuse_pickle(const std::string& path) {
       path));
 }
 
+namespace {
+
+// The index's weight_map: tensor -> shard file of this folder. `shards`: the
+// files it names.
+std::map<std::string, std::string> read_weight_map(const std::string& index_path, std::set<std::string>& shards) {
+  nlohmann::json idx = read_json_file(index_path, "the safetensors index");
+  if (!idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object())
+    throw CheckpointError(fmt::format("{}: the index needs a \"weight_map\" object", index_path));
+  std::map<std::string, std::string> weight_map;
+  for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) {
+    if (!it.value().is_string())
+      throw CheckpointError(fmt::format("{}: weight_map entry '{}' must name a file", index_path, it.key()));
+    const std::string shard = it.value().get<std::string>();
+    if (shard.find('/') != std::string::npos || shard == ".." || shard.empty())
+      throw CheckpointError(fmt::format("{}: weight_map entry '{}' names '{}', not a file of this folder",
+                                        index_path, it.key(), shard));
+    weight_map[it.key()] = shard;
+    shards.insert(shard);
+  }
+  // The index's "metadata" (total_size) is informational in diffusers; a
+  // mismatch is not an error there either, so it is not read.
+  return weight_map;
+}
+
+// Every shard's validated header, in name order; a missing shard is named
+// with one tensor the index puts in it.
+void read_shards(const fs::path& dir, const std::string& index_path,
+                 const std::map<std::string, std::string>& weight_map, const std::set<std::string>& shards,
+                 std::vector<SafetensorsHeader>& files) {
+  for (const auto& shard : shards) {
+    const fs::path sp = dir / shard;
+    if (!fs::exists(sp)) {
+      std::string example;
+      for (auto& [t, s] : weight_map)
+        if (s == shard) { example = t; break; }
+      throw CheckpointError(fmt::format("{}: shard '{}' (holding tensor '{}' among others) is missing",
+                                        index_path, shard, example));
+    }
+    files.push_back(read_safetensors_header(sp.string()));
+  }
+}
+
+// Each tensor of the shards, in the one shard the index maps it to; every
+// tensor the index maps, found. `where` points into `files`.
+void locate_indexed(const std::string& index_path, const std::map<std::string, std::string>& weight_map,
+                    const std::vector<SafetensorsHeader>& files, std::map<std::string, TensorLocation>& where) {
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string shard = fs::path(files[f].file).filename().string();
+    for (const auto& e : files[f].tensors) {
+      auto it = weight_map.find(e.name);
+      if (it == weight_map.end())
+        throw CheckpointError(fmt::format("{}: tensor '{}' in shard '{}' is not in the index's weight_map",
+                                          index_path, e.name, shard));
+      if (it->second != shard)
+        throw CheckpointError(fmt::format("{}: tensor '{}' is in shard '{}' but the index maps it to '{}' "
+                                          "(a tensor in two shards?)",
+                                          index_path, e.name, shard, it->second));
+      if (where.count(e.name))
+        throw CheckpointError(fmt::format("{}: tensor '{}' appears in two shards", index_path, e.name));
+      where[e.name] = {f, &e};
+    }
+  }
+  for (const auto& [t, shard] : weight_map) {
+    if (!where.count(t))
+      throw CheckpointError(fmt::format("{}: tensor '{}' is mapped to shard '{}', which does not contain it",
+                                        index_path, t, shard));
+  }
+}
+
+// A shard file of the index's family ("<prefix>[.<variant>]-...") that the
+// index never mentions.
+void check_unlisted_shards(const std::string& index_path, const std::string& index_name, const std::string& variant,
+                           const std::vector<std::string>& all_safetensors, const std::set<std::string>& shards) {
+  const std::string family =
+      index_name.substr(0, index_name.find(".safetensors.index")) + (variant.empty() ? "" : "." + variant);
+  for (const auto& name : all_safetensors) {
+    if (name.rfind(family + "-", 0) == 0 && !shards.count(name))
+      throw CheckpointError(fmt::format("{}: shard '{}' is in the folder but no tensor of the index refers to it",
+                                        index_path, name));
+  }
+}
+
+// The one unsharded weight file of the folder (for the variant), by name.
+std::string single_weight_file(const fs::path& dir, const std::string& path, const std::string& vdesc,
+                               const Candidates& cand) {
+  if (cand.singles.size() > 1) {
+    throw CheckpointError(fmt::format("{}: several weight files{} ({}); pass --variant or keep one", path, vdesc,
+                                      fmt::join(cand.singles, ", ")));
+  }
+  if (cand.singles.empty()) {
+    if (!cand.pickles.empty()) refuse_pickle((dir / cand.pickles[0]).string());
+    throw CheckpointError(fmt::format("{}: no safetensors weights{} (expected "
+                                      "diffusion_pytorch_model.safetensors, model.safetensors, or shards with "
+                                      "an index)",
+                                      path, vdesc));
+  }
+  return (dir / cand.singles[0]).string();
+}
+
+}  // namespace
+
 ComponentCheckpoint ComponentCheckpoint::open(const std::string& path, const std::string& variant) {
   ComponentCheckpoint c;
   c.path_ = path;
@@ -98,78 +199,14 @@ ComponentCheckpoint ComponentCheckpoint::open(const std::string& path, const std
     }
     if (cand.indexes.size() == 1) {
       c.index_path_ = (dir / cand.indexes[0]).string();
-      nlohmann::json idx = read_json_file(c.index_path_, "the safetensors index");
-      if (!idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object())
-        throw CheckpointError(fmt::format("{}: the index needs a \"weight_map\" object", c.index_path_));
-      std::map<std::string, std::string> weight_map;
       std::set<std::string> shards;
-      for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) {
-        if (!it.value().is_string())
-          throw CheckpointError(fmt::format("{}: weight_map entry '{}' must name a file", c.index_path_, it.key()));
-        const std::string shard = it.value().get<std::string>();
-        if (shard.find('/') != std::string::npos || shard == ".." || shard.empty())
-          throw CheckpointError(fmt::format("{}: weight_map entry '{}' names '{}', not a file of this folder",
-                                            c.index_path_, it.key(), shard));
-        weight_map[it.key()] = shard;
-        shards.insert(shard);
-      }
-      for (const auto& shard : shards) {
-        const fs::path sp = dir / shard;
-        if (!fs::exists(sp)) {
-          std::string example;
-          for (auto& [t, s] : weight_map)
-            if (s == shard) { example = t; break; }
-          throw CheckpointError(fmt::format("{}: shard '{}' (holding tensor '{}' among others) is missing",
-                                            c.index_path_, shard, example));
-        }
-        c.files_.push_back(read_safetensors_header(sp.string()));
-      }
-      for (size_t f = 0; f < c.files_.size(); ++f) {
-        const std::string shard = fs::path(c.files_[f].file).filename().string();
-        for (const auto& e : c.files_[f].tensors) {
-          auto it = weight_map.find(e.name);
-          if (it == weight_map.end())
-            throw CheckpointError(fmt::format("{}: tensor '{}' in shard '{}' is not in the index's weight_map",
-                                              c.index_path_, e.name, shard));
-          if (it->second != shard)
-            throw CheckpointError(fmt::format("{}: tensor '{}' is in shard '{}' but the index maps it to '{}' "
-                                              "(a tensor in two shards?)",
-                                              c.index_path_, e.name, shard, it->second));
-          if (c.where_.count(e.name))
-            throw CheckpointError(fmt::format("{}: tensor '{}' appears in two shards", c.index_path_, e.name));
-          c.where_[e.name] = {f, &e};
-        }
-      }
-      for (const auto& [t, shard] : weight_map) {
-        if (!c.where_.count(t))
-          throw CheckpointError(fmt::format("{}: tensor '{}' is mapped to shard '{}', which does not contain it",
-                                            c.index_path_, t, shard));
-      }
-      // A shard file of this family that the index never mentions.
-      const std::string family = cand.indexes[0].substr(0, cand.indexes[0].find(".safetensors.index")) +
-                                 (variant.empty() ? "" : "." + variant);
-      for (const auto& name : cand.all_safetensors) {
-        if (name.rfind(family + "-", 0) == 0 && !shards.count(name))
-          throw CheckpointError(fmt::format("{}: shard '{}' is in the folder but no tensor of the index refers to it",
-                                            c.index_path_, name));
-      }
-      if (idx.contains("metadata") && idx["metadata"].is_object() && idx["metadata"].contains("total_size")) {
-        // Informational in diffusers; a mismatch is not an error there either.
-      }
+      const auto weight_map = read_weight_map(c.index_path_, shards);
+      read_shards(dir, c.index_path_, weight_map, shards, c.files_);
+      locate_indexed(c.index_path_, weight_map, c.files_, c.where_);
+      check_unlisted_shards(c.index_path_, cand.indexes[0], variant, cand.all_safetensors, shards);
       return c;
     }
-    if (cand.singles.size() > 1) {
-      throw CheckpointError(fmt::format("{}: several weight files{} ({}); pass --variant or keep one", path,
-                                        vdesc, fmt::join(cand.singles, ", ")));
-    }
-    if (cand.singles.empty()) {
-      if (!cand.pickles.empty()) refuse_pickle((dir / cand.pickles[0]).string());
-      throw CheckpointError(fmt::format("{}: no safetensors weights{} (expected "
-                                        "diffusion_pytorch_model.safetensors, model.safetensors, or shards with "
-                                        "an index)",
-                                        path, vdesc));
-    }
-    c.files_.push_back(read_safetensors_header((dir / cand.singles[0]).string()));
+    c.files_.push_back(read_safetensors_header(single_weight_file(dir, path, vdesc, cand)));
   }
   for (size_t f = 0; f < c.files_.size(); ++f)
     for (const auto& e : c.files_[f].tensors) c.where_[e.name] = {f, &e};

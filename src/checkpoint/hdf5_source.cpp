@@ -157,6 +157,39 @@ void Hdf5Source::close() {
   file_ = -1;
 }
 
+namespace {
+
+// The safetensors __metadata__ kept as root attributes "metadata:<key>".
+std::map<std::string, std::string> read_metadata_attributes(hid_t file, const std::string& path) {
+  std::vector<std::string> attrs;
+  check_rc(H5Aiterate2(
+               file, H5_INDEX_NAME, H5_ITER_INC, nullptr,
+               [](hid_t, const char* name, const H5A_info_t*, void* data) -> herr_t {
+                 static_cast<std::vector<std::string>*>(data)->push_back(name);
+                 return 0;
+               },
+               &attrs),
+           path, "listing the root attributes");
+  std::map<std::string, std::string> metadata;
+  for (const auto& a : attrs) {
+    if (a.rfind("metadata:", 0) != 0) continue;
+    if (auto v = read_string_attribute(file, a, path)) metadata[a.substr(9)] = *v;
+  }
+  return metadata;
+}
+
+// The name of the root group's link `i` (in name order).
+std::string root_link_name(hid_t file, hsize_t i, const std::string& path) {
+  const ssize_t len = H5Lget_name_by_idx(file, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+  check_rc(len < 0 ? -1 : 0, path, "listing the datasets");
+  std::string name(static_cast<size_t>(len) + 1, '\0');
+  H5Lget_name_by_idx(file, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT);
+  name.resize(static_cast<size_t>(len));
+  return name;
+}
+
+}  // namespace
+
 void Hdf5Source::load_index() {
   if (auto text = read_format_and_config(file_, path_)) {
     config_ = parse_strict_json(*text, path_, "the config.json attribute");
@@ -164,82 +197,71 @@ void Hdf5Source::load_index() {
       throw CheckpointError(fmt::format("{}: the config.json attribute must hold a JSON object", path_));
     has_config_ = true;
   }
-  std::vector<std::string> attrs;
-  check_rc(H5Aiterate2(
-               file_, H5_INDEX_NAME, H5_ITER_INC, nullptr,
-               [](hid_t, const char* name, const H5A_info_t*, void* data) -> herr_t {
-                 static_cast<std::vector<std::string>*>(data)->push_back(name);
-                 return 0;
-               },
-               &attrs),
-           path_, "listing the root attributes");
-  for (const auto& a : attrs) {
-    if (a.rfind("metadata:", 0) != 0) continue;
-    if (auto v = read_string_attribute(file_, a, path_)) metadata_[a.substr(9)] = *v;
-  }
+  metadata_ = read_metadata_attributes(file_, path_);
 
   H5G_info_t group{};
   check_rc(H5Gget_info(file_, &group), path_, "reading the root group");
   for (hsize_t i = 0; i < group.nlinks; ++i) {
-    const ssize_t len = H5Lget_name_by_idx(file_, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-    check_rc(len < 0 ? -1 : 0, path_, "listing the datasets");
-    std::string name(static_cast<size_t>(len) + 1, '\0');
-    H5Lget_name_by_idx(file_, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(), H5P_DEFAULT);
-    name.resize(static_cast<size_t>(len));
-    const std::string where = fmt::format("{}: tensor '{}'", path_, name);
-    H5Handle ds(check_id(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), where, "opening the dataset"), H5Dclose);
-    auto dtype_text = read_string_attribute(ds.get(), "dtype", where);
-    if (!dtype_text) throw CheckpointError(fmt::format("{}: the dataset has no 'dtype' attribute", where));
-    auto dtype = parse_dtype(*dtype_text);
-    if (!dtype) {
-      throw CheckpointError(fmt::format("{}: unknown dtype '{}' (known: {})", where, *dtype_text, all_dtype_names()));
-    }
-    Info info;
-    info.dtype = *dtype;
-    H5Handle type(check_id(H5Dget_type(ds.get()), where, "H5Dget_type"), H5Tclose);
-    H5Handle space(check_id(H5Dget_space(ds.get()), where, "H5Dget_space"), H5Sclose);
-    const size_t stored = H5Tget_size(type.get());
-    const int ndims = H5Sget_simple_extent_ndims(space.get());
-    check_rc(ndims < 0 ? -1 : 0, where, "reading the dataspace");
-    std::vector<hsize_t> dims(static_cast<size_t>(ndims));
-    if (ndims > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-    const int bits = dtype_bits(info.dtype);
-    if (bits % 8 == 0) {
-      if (stored != static_cast<size_t>(bits / 8)) {
-        throw CheckpointError(fmt::format("{}: the dtype attribute says {} ({} bytes per element) but the dataset "
-                                          "stores {}-byte elements",
-                                          where, dtype_name(info.dtype), bits / 8, stored));
-      }
-      const H5T_class_t cls = H5Tget_class(type.get());
-      if ((is_float_dtype(info.dtype) && cls != H5T_FLOAT) || (is_int_dtype(info.dtype) && cls != H5T_INTEGER)) {
-        throw CheckpointError(fmt::format("{}: the dtype attribute says {} but the dataset's HDF5 type is not {}",
-                                          where, dtype_name(info.dtype),
-                                          is_float_dtype(info.dtype) ? "a float" : "an integer"));
-      }
-      info.shape.assign(dims.begin(), dims.end());
-    } else {
-      auto shape_text = read_string_attribute(ds.get(), "shape", where);
-      if (!shape_text)
-        throw CheckpointError(fmt::format("{}: a {} dataset needs a 'shape' attribute", where, dtype_name(info.dtype)));
-      const nlohmann::json shape = parse_strict_json(*shape_text, where, "the shape attribute");
-      try {
-        info.shape = shape.get<std::vector<int64_t>>();
-      } catch (const nlohmann::json::exception&) {
-        throw CheckpointError(fmt::format("{}: the shape attribute '{}' is not a list of sizes", where, *shape_text));
-      }
-      StoredTensor t{name, info.dtype, info.shape};
-      if (stored != 1 || ndims != 1 || dims[0] != t.nbytes()) {
-        throw CheckpointError(fmt::format("{}: a {} tensor of shape {} needs {} bytes; the dataset holds {} "
-                                          "elements of {} bytes",
-                                          where, dtype_name(info.dtype), shape_string(info.shape), t.nbytes(),
-                                          ndims == 1 ? dims[0] : 0, stored));
-      }
-    }
-    for (auto d : info.shape)
-      if (d < 0) throw CheckpointError(fmt::format("{}: negative dimension", where));
+    std::string name = root_link_name(file_, i, path_);
+    Info info = read_info(file_, name, fmt::format("{}: tensor '{}'", path_, name));
     tensors_.emplace(std::move(name), std::move(info));
   }
   spdlog::debug("{}: {} tensors{}", path_, tensors_.size(), collective_ ? " (collective MPI-IO)" : "");
+}
+
+Hdf5Source::Info Hdf5Source::read_info(int64_t file, const std::string& name, const std::string& where) {
+  H5Handle ds(check_id(H5Dopen2(file, name.c_str(), H5P_DEFAULT), where, "opening the dataset"), H5Dclose);
+  auto dtype_text = read_string_attribute(ds.get(), "dtype", where);
+  if (!dtype_text) throw CheckpointError(fmt::format("{}: the dataset has no 'dtype' attribute", where));
+  auto dtype = parse_dtype(*dtype_text);
+  if (!dtype) {
+    throw CheckpointError(fmt::format("{}: unknown dtype '{}' (known: {})", where, *dtype_text, all_dtype_names()));
+  }
+  Info info;
+  info.dtype = *dtype;
+  H5Handle type(check_id(H5Dget_type(ds.get()), where, "H5Dget_type"), H5Tclose);
+  H5Handle space(check_id(H5Dget_space(ds.get()), where, "H5Dget_space"), H5Sclose);
+  const size_t stored = H5Tget_size(type.get());
+  const int ndims = H5Sget_simple_extent_ndims(space.get());
+  check_rc(ndims < 0 ? -1 : 0, where, "reading the dataspace");
+  std::vector<hsize_t> dims(static_cast<size_t>(ndims));
+  if (ndims > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  const int bits = dtype_bits(info.dtype);
+  if (bits % 8 == 0) {
+    if (stored != static_cast<size_t>(bits / 8)) {
+      throw CheckpointError(fmt::format("{}: the dtype attribute says {} ({} bytes per element) but the dataset "
+                                        "stores {}-byte elements",
+                                        where, dtype_name(info.dtype), bits / 8, stored));
+    }
+    const H5T_class_t cls = H5Tget_class(type.get());
+    if ((is_float_dtype(info.dtype) && cls != H5T_FLOAT) || (is_int_dtype(info.dtype) && cls != H5T_INTEGER)) {
+      throw CheckpointError(fmt::format("{}: the dtype attribute says {} but the dataset's HDF5 type is not {}",
+                                        where, dtype_name(info.dtype),
+                                        is_float_dtype(info.dtype) ? "a float" : "an integer"));
+    }
+    info.shape.assign(dims.begin(), dims.end());
+  } else {
+    // Sub-byte dtypes: the packed bytes as a 1-d byte dataset, the shape an attribute.
+    auto shape_text = read_string_attribute(ds.get(), "shape", where);
+    if (!shape_text)
+      throw CheckpointError(fmt::format("{}: a {} dataset needs a 'shape' attribute", where, dtype_name(info.dtype)));
+    const nlohmann::json shape = parse_strict_json(*shape_text, where, "the shape attribute");
+    try {
+      info.shape = shape.get<std::vector<int64_t>>();
+    } catch (const nlohmann::json::exception&) {
+      throw CheckpointError(fmt::format("{}: the shape attribute '{}' is not a list of sizes", where, *shape_text));
+    }
+    StoredTensor t{name, info.dtype, info.shape};
+    if (stored != 1 || ndims != 1 || dims[0] != t.nbytes()) {
+      throw CheckpointError(fmt::format("{}: a {} tensor of shape {} needs {} bytes; the dataset holds {} "
+                                        "elements of {} bytes",
+                                        where, dtype_name(info.dtype), shape_string(info.shape), t.nbytes(),
+                                        ndims == 1 ? dims[0] : 0, stored));
+    }
+  }
+  for (auto d : info.shape)
+    if (d < 0) throw CheckpointError(fmt::format("{}: negative dimension", where));
+  return info;
 }
 
 std::vector<std::string> Hdf5Source::tensor_names() const {

@@ -71,6 +71,9 @@ class Hdf5Source final : public WeightSource {
   };
   void open_file();
   void load_index();
+  // One dataset's dtype (its attribute, checked against the stored type) and
+  // shape; `where` names the tensor in messages.
+  static Info read_info(int64_t file, const std::string& name, const std::string& where);
   const Info& info_of(const std::string& name) const;
 
   std::string path_;

@@ -66,73 +66,67 @@ uint64_t check_header_length(const std::string& file, const uint8_t p[8], uint64
   return n;
 }
 
-SafetensorsHeader parse_safetensors_header(const std::string& file, const std::string& json,
-                                           uint64_t file_size) {
-  SafetensorsHeader h;
-  h.file = file;
-  h.header_bytes = json.size();
-  h.data_start = 8 + json.size();
-  h.file_size = file_size;
-  if (h.data_start > file_size) fail(file, "header runs past the end of the file");
-  nlohmann::json j = parse_strict_json(json, file, "the safetensors header");
-  if (!j.is_object()) fail(file, fmt::format("the header must be a JSON object, found {}", j.type_name()));
+namespace {
 
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& name = it.key();
-    const nlohmann::json& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) fail(file, "__metadata__ must be an object of strings");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) {
-          fail(file, fmt::format("__metadata__ value of '{}' must be a string, found {}", m.key(),
-                                 m.value().type_name()));
-        }
-        h.metadata[m.key()] = m.value().get<std::string>();
-      }
-      continue;
+// "__metadata__": an object of strings.
+void parse_metadata(const std::string& file, const nlohmann::json& v, std::map<std::string, std::string>& out) {
+  if (!v.is_object()) fail(file, "__metadata__ must be an object of strings");
+  for (auto m = v.begin(); m != v.end(); ++m) {
+    if (!m.value().is_string()) {
+      fail(file, fmt::format("__metadata__ value of '{}' must be a string, found {}", m.key(),
+                             m.value().type_name()));
     }
-    if (!v.is_object()) fail_tensor(file, name, fmt::format("entry must be an object, found {}", v.type_name()));
-    for (auto f = v.begin(); f != v.end(); ++f) {
-      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
-        fail_tensor(file, name, fmt::format("unknown field '{}'", f.key()));
-    }
-    if (!v.contains("dtype") || !v["dtype"].is_string()) fail_tensor(file, name, "missing string field 'dtype'");
-    if (!v.contains("shape") || !v["shape"].is_array()) fail_tensor(file, name, "missing array field 'shape'");
-    if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
-      fail_tensor(file, name, "'data_offsets' must be an array [begin, end]");
-
-    TensorEntry e;
-    e.name = name;
-    const std::string dt = v["dtype"].get<std::string>();
-    auto parsed = parse_dtype(dt);
-    if (!parsed) fail_tensor(file, name, fmt::format("unknown dtype '{}' (known: {})", dt, all_dtype_names()));
-    e.dtype = *parsed;
-    // bits = product(shape) * width, overflow-checked in 128 bits.
-    unsigned __int128 bits = static_cast<unsigned __int128>(dtype_bits(e.dtype));
-    for (const auto& d : v["shape"]) {
-      const uint64_t dim = non_negative(d, file, name, "shape");
-      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        fail_tensor(file, name, fmt::format("shape dimension {} is too large", dim));
-      e.shape.push_back(static_cast<int64_t>(dim));
-      bits *= dim;
-      if (bits > (static_cast<unsigned __int128>(1) << 64))
-        fail_tensor(file, name, fmt::format("shape {} overflows the byte size", v["shape"].dump()));
-    }
-    if (bits % 8 != 0)
-      fail_tensor(file, name, fmt::format("shape {} of {} does not fill whole bytes", shape_string(e.shape), dt));
-    const uint64_t nbytes = static_cast<uint64_t>(bits / 8);
-    e.begin = non_negative(v["data_offsets"][0], file, name, "data_offsets");
-    e.end = non_negative(v["data_offsets"][1], file, name, "data_offsets");
-    if (e.end < e.begin)
-      fail_tensor(file, name, fmt::format("data_offsets [{}, {}] end before they begin", e.begin, e.end));
-    if (e.end - e.begin != nbytes) {
-      fail_tensor(file, name, fmt::format("data_offsets [{}, {}] hold {} bytes, but {} {} needs {}",
-                                          e.begin, e.end, e.end - e.begin, dt, shape_string(e.shape), nbytes));
-    }
-    h.tensors.push_back(std::move(e));
+    out[m.key()] = m.value().get<std::string>();
   }
+}
 
-  // Contiguity: sorted by offset, each tensor starts where the previous ended.
+// One tensor's entry: exactly dtype, shape and data_offsets, whose span holds
+// the bytes the dtype and shape need.
+TensorEntry parse_tensor_entry(const std::string& file, const std::string& name, const nlohmann::json& v) {
+  if (!v.is_object()) fail_tensor(file, name, fmt::format("entry must be an object, found {}", v.type_name()));
+  for (auto f = v.begin(); f != v.end(); ++f) {
+    if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
+      fail_tensor(file, name, fmt::format("unknown field '{}'", f.key()));
+  }
+  if (!v.contains("dtype") || !v["dtype"].is_string()) fail_tensor(file, name, "missing string field 'dtype'");
+  if (!v.contains("shape") || !v["shape"].is_array()) fail_tensor(file, name, "missing array field 'shape'");
+  if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
+    fail_tensor(file, name, "'data_offsets' must be an array [begin, end]");
+
+  TensorEntry e;
+  e.name = name;
+  const std::string dt = v["dtype"].get<std::string>();
+  auto parsed = parse_dtype(dt);
+  if (!parsed) fail_tensor(file, name, fmt::format("unknown dtype '{}' (known: {})", dt, all_dtype_names()));
+  e.dtype = *parsed;
+  // bits = product(shape) * width, overflow-checked in 128 bits.
+  unsigned __int128 bits = static_cast<unsigned __int128>(dtype_bits(e.dtype));
+  for (const auto& d : v["shape"]) {
+    const uint64_t dim = non_negative(d, file, name, "shape");
+    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail_tensor(file, name, fmt::format("shape dimension {} is too large", dim));
+    e.shape.push_back(static_cast<int64_t>(dim));
+    bits *= dim;
+    if (bits > (static_cast<unsigned __int128>(1) << 64))
+      fail_tensor(file, name, fmt::format("shape {} overflows the byte size", v["shape"].dump()));
+  }
+  if (bits % 8 != 0)
+    fail_tensor(file, name, fmt::format("shape {} of {} does not fill whole bytes", shape_string(e.shape), dt));
+  const uint64_t nbytes = static_cast<uint64_t>(bits / 8);
+  e.begin = non_negative(v["data_offsets"][0], file, name, "data_offsets");
+  e.end = non_negative(v["data_offsets"][1], file, name, "data_offsets");
+  if (e.end < e.begin)
+    fail_tensor(file, name, fmt::format("data_offsets [{}, {}] end before they begin", e.begin, e.end));
+  if (e.end - e.begin != nbytes) {
+    fail_tensor(file, name, fmt::format("data_offsets [{}, {}] hold {} bytes, but {} {} needs {}",
+                                        e.begin, e.end, e.end - e.begin, dt, shape_string(e.shape), nbytes));
+  }
+  return e;
+}
+
+// Contiguity: sorted by offset, each tensor starts where the previous ended,
+// and the last ends where the file does.
+void check_data_layout(const std::string& file, const SafetensorsHeader& h) {
   std::vector<const TensorEntry*> by_offset;
   for (const auto& e : h.tensors) by_offset.push_back(&e);
   std::sort(by_offset.begin(), by_offset.end(), [](const TensorEntry* a, const TensorEntry* b) {
@@ -153,7 +147,7 @@ SafetensorsHeader parse_safetensors_header(const std::string& file, const std::s
     expected = e->end;
     prev = e;
   }
-  const uint64_t data_bytes = file_size - h.data_start;
+  const uint64_t data_bytes = h.file_size - h.data_start;
   if (expected != data_bytes) {
     if (expected > data_bytes) {
       fail_tensor(file, prev ? prev->name : "?",
@@ -163,6 +157,29 @@ SafetensorsHeader parse_safetensors_header(const std::string& file, const std::s
     fail(file, fmt::format("{} bytes after the last tensor's data (tensors end at {}, data is {} bytes)",
                            data_bytes - expected, expected, data_bytes));
   }
+}
+
+}  // namespace
+
+SafetensorsHeader parse_safetensors_header(const std::string& file, const std::string& json,
+                                           uint64_t file_size) {
+  SafetensorsHeader h;
+  h.file = file;
+  h.header_bytes = json.size();
+  h.data_start = 8 + json.size();
+  h.file_size = file_size;
+  if (h.data_start > file_size) fail(file, "header runs past the end of the file");
+  nlohmann::json j = parse_strict_json(json, file, "the safetensors header");
+  if (!j.is_object()) fail(file, fmt::format("the header must be a JSON object, found {}", j.type_name()));
+
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      parse_metadata(file, it.value(), h.metadata);
+    } else {
+      h.tensors.push_back(parse_tensor_entry(file, it.key(), it.value()));
+    }
+  }
+  check_data_layout(file, h);
 
   std::sort(h.tensors.begin(), h.tensors.end(),
             [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });

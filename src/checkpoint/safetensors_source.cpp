@@ -84,9 +84,7 @@ void SafetensorsSource::read_slice(const std::string& name, const ShardRequest&,
   // A checkpoint is read once: let the kernel drop its pages now rather than
   // evict the slices it just filled (a 24 GB checkpoint on a 24 GB host
   // otherwise forces reclaim while the slices are being written).
-  if (drop_page_cache_) {
-    ::posix_fadvise(fd, static_cast<off_t>(base), static_cast<off_t>(loc.entry->nbytes()), POSIX_FADV_DONTNEED);
-  }
+  ::posix_fadvise(fd, static_cast<off_t>(base), static_cast<off_t>(loc.entry->nbytes()), POSIX_FADV_DONTNEED);
 }
 
 }  // namespace tprun::checkpoint

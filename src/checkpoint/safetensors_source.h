@@ -25,8 +25,6 @@ class SafetensorsSource final : public WeightSource {
   void close() override;
 
   const ComponentCheckpoint& checkpoint() const { return *ckpt_; }
-  // Advise the kernel to drop each tensor's file pages once read (default on).
-  void set_drop_page_cache(bool on) { drop_page_cache_ = on; }
 
  private:
   int open_file(size_t index);
@@ -34,7 +32,6 @@ class SafetensorsSource final : public WeightSource {
   int fd_ = -1;
   size_t fd_file_ = static_cast<size_t>(-1);
   uint64_t bytes_read_ = 0;
-  bool drop_page_cache_ = true;
 };
 
 // Reads [offset, offset+len) of `fd` into dst fully (retrying short reads).

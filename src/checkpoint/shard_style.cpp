@@ -28,12 +28,6 @@ const char* shard_style_name(ShardStyle s) {
   return "?";
 }
 
-std::optional<ShardStyle> parse_shard_style(const std::string& text) {
-  for (const auto& [style, name] : kNames)
-    if (text == name) return style;
-  return std::nullopt;
-}
-
 int split_dim(ShardStyle s) {
   switch (s) {
     case ShardStyle::Replicated: return -1;

@@ -25,9 +25,8 @@ namespace tprun::checkpoint {
 
 enum class ShardStyle { Replicated, Colwise, Rowwise, RowwiseSplitInput, PackedColwise, PackedRowwise };
 
+// "colwise", "packed_rowwise", ...
 const char* shard_style_name(ShardStyle style);
-// "colwise", "packed_rowwise", ... (the names shard_style_name prints); nullopt otherwise.
-std::optional<ShardStyle> parse_shard_style(const std::string& name);
 
 // The stored dimension the style splits: 0, 1, or -1 (replicated).
 int split_dim(ShardStyle style);

@@ -30,6 +30,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
@@ -47,7 +48,6 @@
 #include "dist/communicator.h"
 #include "dist/device_mesh.h"
 #include "dist/mesh.h"
-#include "dist/mpi_world.h"
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
 #include "dist/session.h"
@@ -76,10 +76,10 @@ double timed_max(dist::Communicator& world, Fn fn) {
   world.barrier();
   const auto t0 = Clock::now();
   fn();
-  double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  double worst = 0;
-  MPI_Allreduce(&s, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return worst;
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  at::Tensor worst = at::full({1}, s, at::TensorOptions().dtype(at::kDouble));
+  world.all_reduce(worst, {dist::ReduceOp::Max});
+  return worst.item<double>();
 }
 
 }  // namespace
@@ -96,7 +96,11 @@ void add_step_bench_options(po::options_description& desc) {
   desc.add(o);
 }
 
-int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
+namespace {
+
+// The model to load, checked before MPI starts: --model (a pipeline folder's
+// transformer), --dtype, --memory and a writable --out.
+ModelArgs step_model_args(const po::variables_map& vm) {
   if (!vm.count("model")) throw ConfigError("bench step needs --model DIR", true);
   if (!vm.count("inputs")) throw ConfigError("bench step needs --inputs IN.safetensors", true);
   ModelArgs args;
@@ -116,49 +120,50 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
     if (!c) throw ConfigError(fmt::format("--model {}: pipeline has no transformer", args.model), true);
     args.path = c->path;
   }
-  const int iters = std::max(1, vm["iters"].as<int>()), warmup = std::max(0, vm["warmup"].as<int>());
+  return args;
+}
 
-  Session session(argc, argv, session_options_from(vm));
-  dist::MeshSpec spec;
-  spec.tp = vm["tp"].defaulted() ? session.world() : vm["tp"].as<int>();
-  auto mesh = session.make_mesh(spec);
-  auto& world = mesh->world();
-  parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
+// What the forwards measured, for the report.
+struct StepTimes {
+  at::Tensor sample;                           // the last forward's output
+  std::vector<parallel::MatmulShape> shapes;   // this rank's products, from the first forward
+  std::vector<double> fwd;                     // timed forwards, slowest rank's seconds
+  uint64_t peak_rss = 0;                       // this process's peak after the forwards
+  memory::OffloadStats offload;
+};
 
-  auto inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
-  auto model = load_component(args, tp, session.device().device);
-  const uint64_t rss_loaded = self_status_bytes("VmRSS");
-  const std::string output = model->primary_output();
-
-  at::Tensor sample;
-  std::vector<parallel::MatmulShape> shapes;
+// `warmup` untimed forwards (the first records this rank's matrix products),
+// then `iters` timed ones.
+StepTimes time_forwards(models::Model& model, const std::map<std::string, at::Tensor>& inputs,
+                        dist::Communicator& world, int warmup, int iters) {
+  const std::string output = model.primary_output();
+  StepTimes t;
   {
     parallel::MatmulRecorder recorder;  // the first (warm-up) forward records this rank's products
-    sample = model->forward(inputs).at(output);
-    shapes = recorder.shapes();
+    t.sample = model.forward(inputs).at(output);
+    t.shapes = recorder.shapes();
   }
-  for (int i = 1; i < warmup; ++i) sample = model->forward(inputs).at(output);
-  std::vector<double> fwd;
-  for (int i = 0; i < iters; ++i) fwd.push_back(timed_max(world, [&] { sample = model->forward(inputs).at(output); }));
+  for (int i = 1; i < warmup; ++i) t.sample = model.forward(inputs).at(output);
+  for (int i = 0; i < iters; ++i) {
+    t.fwd.push_back(timed_max(world, [&] { t.sample = model.forward(inputs).at(output); }));
+  }
   // Before the baseline allocates its operands: this process's peak so far.
-  const uint64_t peak_rss = self_status_bytes("VmHWM");
-  const memory::OffloadStats offload = memory::GroupOffloader::instance().stats();
-  const bool skip_bare = vm["no-bare"].as<bool>();
+  t.peak_rss = self_status_bytes("VmHWM");
+  t.offload = memory::GroupOffloader::instance().stats();
+  return t;
+}
 
-  // Bare baseline: this rank's matmul shapes, distinct operands per layer (as
-  // the model's weights are), same dtype, back to back.
-  const auto dt = checkpoint::parse_compute_dtype(args.dtype, "--dtype");
-  const auto opts = at::TensorOptions().dtype(dt).device(session.device().device);
+// Bare baseline: `shapes` run back to back with distinct operands per layer
+// (as the model's weights are), in `opts`' dtype and device; `warmup` untimed
+// passes, then `iters` timed ones (the slowest rank's seconds). No shapes:
+// empty passes, the collectives still in step.
+std::vector<double> time_bare_matmuls(dist::Communicator& world, const std::vector<parallel::MatmulShape>& shapes,
+                                      bool has_bias, const at::TensorOptions& opts, int warmup, int iters) {
   struct Operands {
     at::Tensor a, w, bias;
   };
-  // The recorded shapes do not say which linear has a bias; the model's table
-  // does for the model as a whole (FLUX.1: every linear, FLUX.2: none).
-  const bool has_bias = std::any_of(model->table().tensors.begin(), model->table().tensors.end(),
-                                    [](const models::TensorSpec& t) { return t.kind == models::TensorKind::Bias; });
   std::vector<Operands> ops;
   for (const auto& m : shapes) {
-    if (skip_bare) break;
     if (m.linear) {
       ops.push_back({at::randn({m.m, m.k}, opts), at::randn({m.n, m.k}, opts),
                      has_bias ? at::randn({m.n}, opts) : at::Tensor()});
@@ -176,49 +181,94 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   for (int i = 0; i < warmup; ++i) bare_pass();
   std::vector<double> bare;
   for (int i = 0; i < iters; ++i) bare.push_back(timed_max(world, bare_pass));
+  return bare;
+}
 
-  const double flops = total_flops(shapes, true), rank_flops = total_flops(shapes, false);
-  const double med = median(fwd), bare_med = median(bare);
+// Rank 0's JSON line (see the top of this file).
+nlohmann::json step_report(const ModelArgs& args, const models::Model& model, const StepTimes& t,
+                           const std::vector<double>& bare, bool has_bias, bool skip_bare, int tp, int warmup,
+                           int iters, const Session& session, const std::map<std::string, at::Tensor>& inputs,
+                           uint64_t rss_loaded) {
+  const double flops = total_flops(t.shapes, true), rank_flops = total_flops(t.shapes, false);
+  const double med = median(t.fwd), bare_med = median(bare);
+  const memory::OffloadStats& offload = t.offload;
+  nlohmann::json j = {{"model", args.path},
+                      {"class", model.table().cls},
+                      {"dtype", args.dtype},
+                      {"tp", tp},
+                      {"world", session.world()},
+                      {"threads", session.threads()},
+                      {"inputs", nlohmann::json::object()},
+                      {"warmup", warmup},
+                      {"iters", iters},
+                      {"times_s", t.fwd},
+                      {"median_s", med},
+                      {"min_s", *std::min_element(t.fwd.begin(), t.fwd.end())},
+                      {"all_reduces_per_forward", model.all_reduces_per_forward()},
+                      {"matmuls", t.shapes.size()},
+                      {"bare_linear_bias", has_bias},
+                      {"matmul_gflop", flops / 1e9},
+                      {"rank_matmul_gflop", rank_flops / 1e9},
+                      {"gflops", flops / med / 1e9},
+                      {"rank_gflops", rank_flops / med / 1e9},
+                      {"bare_times_s", bare},
+                      {"bare_median_s", bare_med},
+                      {"bare_rank_gflops", rank_flops / bare_med / 1e9},
+                      {"share_in_matmul", skip_bare ? 0.0 : bare_med / med},
+                      {"memory", memory::describe(args.memory)},
+                      {"bytes_loaded", model.bytes_loaded()},
+                      {"bytes_resident_weights", model.bytes_stored()},
+                      {"rss_after_load_bytes", rss_loaded},
+                      {"peak_rss_bytes", t.peak_rss},
+                      {"offload", {{"groups", offload.groups},
+                                   {"loads", offload.loads},
+                                   {"prefetch_hits", offload.prefetch_hits},
+                                   {"bytes_moved", offload.bytes_moved},
+                                   {"max_bytes_in_flight", offload.max_bytes_in_flight},
+                                   {"wait_s", offload.wait_s},
+                                   {"files_written", offload.files_written},
+                                   {"files_reused", offload.files_reused}}}};
+  for (const auto& [name, tensor] : inputs) j["inputs"][name] = tensor.sizes().vec();
+  return j;
+}
+
+}  // namespace
+
+int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
+  const ModelArgs args = step_model_args(vm);
+  const int iters = std::max(1, vm["iters"].as<int>()), warmup = std::max(0, vm["warmup"].as<int>());
+
+  Session session(argc, argv, session_options_from(vm));
+  dist::MeshSpec spec;
+  spec.tp = vm["tp"].defaulted() ? session.world() : vm["tp"].as<int>();
+  auto mesh = session.make_mesh(spec);
+  auto& world = mesh->world();
+  parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
+
+  auto inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
+  auto model = load_component(args, tp, session.device().device);
+  const uint64_t rss_loaded = self_status_bytes("VmRSS");
+  const StepTimes times = time_forwards(*model, inputs, world, warmup, iters);
+
+  const bool skip_bare = vm["no-bare"].as<bool>();
+  const auto dt = checkpoint::parse_compute_dtype(args.dtype, "--dtype");
+  const auto opts = at::TensorOptions().dtype(dt).device(session.device().device);
+  // The recorded shapes do not say which linear has a bias; the model's table
+  // does for the model as a whole (FLUX.1: every linear, FLUX.2: none).
+  const bool has_bias = std::any_of(model->table().tensors.begin(), model->table().tensors.end(),
+                                    [](const models::TensorSpec& t) { return t.kind == models::TensorKind::Bias; });
+  const std::vector<double> bare =
+      time_bare_matmuls(world, skip_bare ? std::vector<parallel::MatmulShape>{} : times.shapes, has_bias, opts,
+                        warmup, iters);
+
   if (session.rank() == 0) {
-    nlohmann::json j = {{"model", args.path},
-                        {"class", model->table().cls},
-                        {"dtype", args.dtype},
-                        {"tp", tp.size},
-                        {"world", session.world()},
-                        {"threads", session.threads()},
-                        {"inputs", nlohmann::json::object()},
-                        {"warmup", warmup},
-                        {"iters", iters},
-                        {"times_s", fwd},
-                        {"median_s", med},
-                        {"min_s", *std::min_element(fwd.begin(), fwd.end())},
-                        {"all_reduces_per_forward", model->all_reduces_per_forward()},
-                        {"matmuls", shapes.size()},
-                        {"bare_linear_bias", has_bias},
-                        {"matmul_gflop", flops / 1e9},
-                        {"rank_matmul_gflop", rank_flops / 1e9},
-                        {"gflops", flops / med / 1e9},
-                        {"rank_gflops", rank_flops / med / 1e9},
-                        {"bare_times_s", bare},
-                        {"bare_median_s", bare_med},
-                        {"bare_rank_gflops", rank_flops / bare_med / 1e9},
-                        {"share_in_matmul", skip_bare ? 0.0 : bare_med / med},
-                        {"memory", memory::describe(args.memory)},
-                        {"bytes_loaded", model->bytes_loaded()},
-                        {"bytes_resident_weights", model->bytes_stored()},
-                        {"rss_after_load_bytes", rss_loaded},
-                        {"peak_rss_bytes", peak_rss},
-                        {"offload", {{"groups", offload.groups},
-                                     {"loads", offload.loads},
-                                     {"prefetch_hits", offload.prefetch_hits},
-                                     {"bytes_moved", offload.bytes_moved},
-                                     {"max_bytes_in_flight", offload.max_bytes_in_flight},
-                                     {"wait_s", offload.wait_s},
-                                     {"files_written", offload.files_written},
-                                     {"files_reused", offload.files_reused}}}};
-    for (const auto& [name, t] : inputs) j["inputs"][name] = t.sizes().vec();
-    std::cout << j.dump() << std::endl;
-    if (vm.count("out")) checkpoint::write_tensor_file_f32(vm["out"].as<std::string>(), {{output, sample}});
+    std::cout << step_report(args, *model, times, bare, has_bias, skip_bare, tp.size, warmup, iters, session, inputs,
+                             rss_loaded)
+                     .dump()
+              << std::endl;
+    if (vm.count("out")) {
+      checkpoint::write_tensor_file_f32(vm["out"].as<std::string>(), {{model->primary_output(), times.sample}});
+    }
   }
   world.barrier();
   return 0;

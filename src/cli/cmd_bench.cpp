@@ -1,11 +1,13 @@
 // `tprun bench collectives`: all_reduce through tprun's Communicator against a
-// bare MPI_Allreduce loop, in the same run, on the world communicator.
+// bare MPI_Allreduce loop (dist/bare_all_reduce.h), in the same run, on the
+// world communicator.
 #include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <map>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/randn.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -15,10 +17,9 @@
 #include "cli/memory_args.h"
 #include "cli/command.h"
 #include "cli/session_options.h"
+#include "dist/bare_all_reduce.h"
 #include "dist/device_mesh.h"
-#include "dist/half_reduce.h"
 #include "dist/mpi_communicator.h"
-#include "dist/mpi_world.h"
 #include "runtime/error.h"
 #include "dist/session.h"
 #include "runtime/size_string.h"
@@ -44,15 +45,17 @@ at::ScalarType dtype_of(const std::string& name) {
 }
 
 // Max over ranks of the seconds each rank spent in `fn` run `iters` times.
+// `sync` (the world, under the session's watchdog) lines the ranks up before
+// and takes the slowest after, outside the timed loop.
 template <typename Fn>
-double timed(int iters, Fn fn) {
-  MPI_Barrier(MPI_COMM_WORLD);
+double timed(dist::Communicator& sync, int iters, Fn fn) {
+  sync.barrier();
   auto t0 = Clock::now();
   for (int i = 0; i < iters; ++i) fn();
-  double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  double worst = 0;
-  MPI_Allreduce(&s, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return worst;
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  at::Tensor worst = at::full({1}, s, at::TensorOptions().dtype(at::kDouble));
+  sync.all_reduce(worst, {dist::ReduceOp::Max});
+  return worst.item<double>();
 }
 
 double median(std::vector<double> v) {
@@ -61,7 +64,10 @@ double median(std::vector<double> v) {
 }
 
 int run_collectives(const BenchOptions& o, Session& session) {
+  // What is measured: tprun's all_reduce without a deadline (as the bare loop).
   dist::MpiCommunicator world(MPI_COMM_WORLD, "world", nullptr);
+  // The bench's own agreement (barriers, timings, iteration count) under the watchdog.
+  dist::MpiCommunicator sync(MPI_COMM_WORLD, "world", session.watchdog());
   const int n = world.size();
   struct Row {
     std::string dtype;
@@ -76,27 +82,20 @@ int run_collectives(const BenchOptions& o, Session& session) {
     for (uint64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
       const int64_t elems = static_cast<int64_t>(bytes / at::elementSize(dt));
       at::Tensor t = at::randn({elems}).to(dt);
-      MPI_Datatype mt = MPI_FLOAT;
-      MPI_Op mop = MPI_SUM;
-      if (dt == at::kBFloat16 || dt == at::kHalf) {
-        mt = dist::mpi_half_datatype();
-        mop = dist::mpi_half_op(dt == at::kHalf ? dist::HalfKind::Float16 : dist::HalfKind::BFloat16,
-                                dist::ReduceOp::Sum);
-      }
       auto through_tprun = [&] { world.all_reduce(t); };
       // The bare baseline for 16-bit types is what MPI alone offers:
       // MPI_Allreduce with a user-defined op on a 2-byte datatype.
-      auto bare = [&] {
-        MPI_Allreduce(MPI_IN_PLACE, t.data_ptr(), static_cast<int>(elems), mt, mop, MPI_COMM_WORLD);
-      };
+      dist::BareAllReduce bare(t);
       // Calibrate the iteration count on rank 0's clock; everyone uses it.
-      double once = timed(3, through_tprun) / 3.0;
-      int iters = static_cast<int>(std::clamp(o.seconds / std::max(once, 1e-7), 3.0, 20000.0));
-      MPI_Bcast(&iters, 1, MPI_INT, 0, MPI_COMM_WORLD);
+      double once = timed(sync, 3, through_tprun) / 3.0;
+      at::Tensor iters_t = at::full({1}, static_cast<int>(std::clamp(o.seconds / std::max(once, 1e-7), 3.0, 20000.0)),
+                                    at::TensorOptions().dtype(at::kInt));
+      sync.broadcast(iters_t, {0});
+      const int iters = iters_t.item<int>();
       std::vector<double> a, b;
       for (int r = 0; r < o.rounds; ++r) {
-        a.push_back(timed(iters, through_tprun) / iters * 1e6);
-        b.push_back(timed(iters, bare) / iters * 1e6);
+        a.push_back(timed(sync, iters, through_tprun) / iters * 1e6);
+        b.push_back(timed(sync, iters, bare) / iters * 1e6);
       }
       rows.push_back({dname, bytes, elems, median(a), median(b)});
       by_elements[{dname, elems}] = median(a);

@@ -70,6 +70,124 @@ std::vector<std::pair<std::string, std::string>> png_text(const GenerationReques
   return t;
 }
 
+void add_model_options(po::options_description& desc) {
+  po::options_description m("Model");
+  m.add_options()
+      ("model", po::value<std::string>(), "diffusers pipeline folder (model_index.json names the pipeline)")
+      ("variant", po::value<std::string>()->default_value(""), "weights variant (fp16: *.fp16.safetensors)")
+      ("dtype", po::value<std::string>()->default_value("fp32"), "compute dtype: fp32 | bf16 | fp16")
+      ("tp", po::value<int>(), "tensor-parallel group size; default and only choice: the world size")
+      ("shard-text-encoders", po::bool_switch(),
+       "shard the text encoders that have a TP plan over the TP group too (FLUX.1: T5; the FLUX.2 "
+       "pipelines do by default)")
+      ("shard-text-encoder-2", po::bool_switch(), "the same (the name of earlier releases)")
+      ("replicate-text-encoders", po::bool_switch(),
+       "every rank holds the whole text encoder (the FLUX.2 pipelines shard it by default)")
+      ("shard-modulation", po::bool_switch(), "also shard the transformer's AdaLN modulation linears");
+  desc.add(m);
+}
+
+void add_output_options(po::options_description& desc) {
+  po::options_description io("Output");
+  io.add_options()
+      ("out", po::value<std::string>(), "PNG that rank 0 writes (atomically; an existing file only if tprun wrote it; never in the model folder)")
+      ("inputs", po::value<std::string>(),
+       "safetensors with prompt_embeds + pooled_prompt_embeds (then no text encoders are loaded), "
+       "negative_prompt_embeds + negative_pooled_prompt_embeds, latents (packed initial noise)")
+      ("out-tensors", po::value<std::string>(),
+       "safetensors rank 0 writes: 'latents' (final, packed) and 'image' (NHWC float in [0, 1]); the same rules "
+       "as --out");
+  desc.add(io);
+}
+
+// The request from the flags and --inputs; ConfigError for a missing --model, output or prompt.
+GenerationRequest checked_request(const po::variables_map& vm) {
+  if (!vm.count("model")) throw ConfigError("--model is required (a pipeline folder)", true);
+  if (!vm.count("out") && !vm.count("out-tensors")) throw ConfigError("--out (or --out-tensors) is required", true);
+  GenerationRequest req = request_from(vm);
+  if (vm.count("inputs")) {
+    req.given = std::make_shared<const models::TensorMap>(checkpoint::read_tensor_file(vm["inputs"].as<std::string>()));
+  }
+  if (!req.has_given("prompt_embeds") && !vm.count("prompt")) {
+    throw ConfigError("--prompt is required (or --inputs with prompt_embeds)", true);
+  }
+  return req;
+}
+
+// One TP group of the whole world.
+std::unique_ptr<dist::DeviceMesh> make_generate_mesh(const po::variables_map& vm, const Session& session) {
+  dist::MeshSpec spec;
+  spec.tp = vm.count("tp") ? vm["tp"].as<int>() : session.world();
+  if (spec.tp != session.world()) {
+    throw ConfigError(fmt::format("tprun generate makes one image with every rank in one TP group: --tp {} must "
+                                  "equal the world size {} (tprun run spreads requests over dp replicas)",
+                                  spec.tp, session.world()),
+                      true);
+  }
+  return session.make_mesh(spec);
+}
+
+// The outputs can be written: checked on every rank before any weight is loaded or step run.
+void check_outputs(const po::variables_map& vm, const Session& session) {
+  dist::ControlPlane control(session.watchdog());
+  control.agree([&] {
+    // Never the model, --inputs, or a file tprun did not write (jobs/output_folder.h).
+    std::vector<jobs::ReadPath> reads = {{"the model folder", vm["model"].as<std::string>()}};
+    if (vm.count("inputs")) reads.push_back({"the --inputs file", vm["inputs"].as<std::string>()});
+    if (vm.count("out")) {
+      jobs::check_output_path(vm["out"].as<std::string>(), "--out", reads, jobs::OutputKind::Png);
+      reads.push_back({"the --out file", vm["out"].as<std::string>()});
+    }
+    if (vm.count("out-tensors")) {
+      jobs::check_output_path(vm["out-tensors"].as<std::string>(), "--out-tensors", reads,
+                              jobs::OutputKind::Tensors);
+    }
+    jobs::check_offload_folders(memory_from(vm), "--memory", reads);
+    if (vm.count("out")) jobs::check_output_file(vm["out"].as<std::string>(), "--out");
+    if (vm.count("out-tensors")) jobs::check_output_file(vm["out-tensors"].as<std::string>(), "--out-tensors");
+  });
+}
+
+pipelines::PipelineOptions pipeline_options(const po::variables_map& vm, const Session& session,
+                                            const GenerationRequest& req) {
+  pipelines::PipelineOptions opts;
+  opts.dtype = vm["dtype"].as<std::string>();
+  opts.device = session.device().device;
+  opts.variant = vm["variant"].as<std::string>();
+  if (vm["shard-text-encoders"].as<bool>() || vm["shard-text-encoder-2"].as<bool>()) opts.shard_text_encoders = true;
+  if (vm["replicate-text-encoders"].as<bool>()) opts.shard_text_encoders = false;
+  opts.shard_modulation = vm["shard-modulation"].as<bool>();
+  const memory::MemoryOptions mem = memory_from(vm);
+  opts.component_base.memory = mem;
+  spdlog::info("{}", memory::describe(mem));
+  // Text encoders are loaded unless --inputs gives every embedding the request uses.
+  const bool embeds_given = req.has_given("prompt_embeds");
+  opts.text_encoders =
+      !(embeds_given && (req.true_cfg_scale.value_or(1.0) <= 1.0 || req.has_given("negative_prompt_embeds")));
+  return opts;
+}
+
+// Rank 0: the timings, the PNG and the tensors.
+void report_and_write(const po::variables_map& vm, const pipelines::GenerationResult& res,
+                      const GenerationRequest& req, const std::string& model, const std::string& dtype,
+                      const parallel::TpContext& tp) {
+  spdlog::info("timings: encode {:.3f} s, denoise {:.3f} s ({} steps, {:.3f} s/step), decode {:.3f} s",
+               res.times.encode_s, res.times.denoise_s(), res.times.step_s.size(),
+               res.times.denoise_s() / static_cast<double>(res.times.step_s.size()), res.times.decode_s);
+  if (tp.comm) spdlog::info("collectives: {}", tp.comm->stats().summary());
+  if (vm.count("out")) {
+    const std::string out = vm["out"].as<std::string>();
+    pipelines::write_png(out, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
+                         png_text(req, model, dtype, tp.size));
+    spdlog::info("wrote {} ({}x{})", out, res.width, res.height);
+  }
+  if (vm.count("out-tensors")) {
+    const std::string out = vm["out-tensors"].as<std::string>();
+    checkpoint::write_tensor_file_f32(out, {{"latents", *res.latents}, {"image", *res.image}});
+    spdlog::info("wrote {}", out);
+  }
+}
+
 }  // namespace
 
 Command generate_command() {
@@ -77,87 +195,19 @@ Command generate_command() {
   c.name = "generate";
   c.summary = "one image from a pipeline folder under TP: --model DIR --prompt TEXT --out x.png";
   c.add_options = [](po::options_description& desc, po::positional_options_description&) {
-    po::options_description m("Model");
-    m.add_options()
-        ("model", po::value<std::string>(), "diffusers pipeline folder (model_index.json names the pipeline)")
-        ("variant", po::value<std::string>()->default_value(""), "weights variant (fp16: *.fp16.safetensors)")
-        ("dtype", po::value<std::string>()->default_value("fp32"), "compute dtype: fp32 | bf16 | fp16")
-        ("tp", po::value<int>(), "tensor-parallel group size; default and only choice: the world size")
-        ("shard-text-encoders", po::bool_switch(),
-         "shard the text encoders that have a TP plan over the TP group too (FLUX.1: T5; the FLUX.2 "
-         "pipelines do by default)")
-        ("shard-text-encoder-2", po::bool_switch(), "the same (the name of earlier releases)")
-        ("replicate-text-encoders", po::bool_switch(),
-         "every rank holds the whole text encoder (the FLUX.2 pipelines shard it by default)")
-        ("shard-modulation", po::bool_switch(), "also shard the transformer's AdaLN modulation linears");
-    desc.add(m);
+    add_model_options(desc);
     add_memory_option(desc);
     add_generation_options(desc);
-    po::options_description io("Output");
-    io.add_options()
-        ("out", po::value<std::string>(), "PNG that rank 0 writes (atomically; an existing file only if tprun wrote it; never in the model folder)")
-        ("inputs", po::value<std::string>(),
-         "safetensors with prompt_embeds + pooled_prompt_embeds (then no text encoders are loaded), "
-         "negative_prompt_embeds + negative_pooled_prompt_embeds, latents (packed initial noise)")
-        ("out-tensors", po::value<std::string>(),
-         "safetensors rank 0 writes: 'latents' (final, packed) and 'image' (NHWC float in [0, 1]); the same rules "
-         "as --out");
-    desc.add(io);
+    add_output_options(desc);
     add_session_options(desc);
   };
   c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
     Session session(argc, argv, session_options_from(vm));
-    if (!vm.count("model")) throw ConfigError("--model is required (a pipeline folder)", true);
-    if (!vm.count("out") && !vm.count("out-tensors")) throw ConfigError("--out (or --out-tensors) is required", true);
-    GenerationRequest req = request_from(vm);
-    if (vm.count("inputs")) {
-      req.given = std::make_shared<const models::TensorMap>(checkpoint::read_tensor_file(vm["inputs"].as<std::string>()));
-    }
-    const bool embeds_given = req.has_given("prompt_embeds");
-    if (!embeds_given && !vm.count("prompt")) throw ConfigError("--prompt is required (or --inputs with prompt_embeds)", true);
-
-    dist::MeshSpec spec;
-    spec.tp = vm.count("tp") ? vm["tp"].as<int>() : session.world();
-    if (spec.tp != session.world()) {
-      throw ConfigError(fmt::format("tprun generate makes one image with every rank in one TP group: --tp {} must "
-                                    "equal the world size {} (tprun run spreads requests over dp replicas)",
-                                    spec.tp, session.world()),
-                        true);
-    }
-    auto mesh = session.make_mesh(spec);
-    {  // the outputs can be written: checked before any weight is loaded or step run
-      dist::ControlPlane control(session.watchdog());
-      control.agree([&] {
-        // Never the model, --inputs, or a file tprun did not write (jobs/output_folder.h).
-        std::vector<jobs::ReadPath> reads = {{"the model folder", vm["model"].as<std::string>()}};
-        if (vm.count("inputs")) reads.push_back({"the --inputs file", vm["inputs"].as<std::string>()});
-        if (vm.count("out")) {
-          jobs::check_output_path(vm["out"].as<std::string>(), "--out", reads, jobs::OutputKind::Png);
-          reads.push_back({"the --out file", vm["out"].as<std::string>()});
-        }
-        if (vm.count("out-tensors")) {
-          jobs::check_output_path(vm["out-tensors"].as<std::string>(), "--out-tensors", reads,
-                                  jobs::OutputKind::Tensors);
-        }
-        jobs::check_offload_folders(memory_from(vm), "--memory", reads);
-        if (vm.count("out")) jobs::check_output_file(vm["out"].as<std::string>(), "--out");
-        if (vm.count("out-tensors")) jobs::check_output_file(vm["out-tensors"].as<std::string>(), "--out-tensors");
-      });
-    }
+    GenerationRequest req = checked_request(vm);
+    auto mesh = make_generate_mesh(vm, session);
+    check_outputs(vm, session);
     parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
-
-    pipelines::PipelineOptions opts;
-    opts.dtype = vm["dtype"].as<std::string>();
-    opts.device = session.device().device;
-    opts.variant = vm["variant"].as<std::string>();
-    if (vm["shard-text-encoders"].as<bool>() || vm["shard-text-encoder-2"].as<bool>()) opts.shard_text_encoders = true;
-    if (vm["replicate-text-encoders"].as<bool>()) opts.shard_text_encoders = false;
-    opts.shard_modulation = vm["shard-modulation"].as<bool>();
-    const memory::MemoryOptions mem = memory_from(vm);
-    opts.component_base.memory = mem;
-    spdlog::info("{}", memory::describe(mem));
-    opts.text_encoders =
-        !(embeds_given && (req.true_cfg_scale.value_or(1.0) <= 1.0 || req.has_given("negative_prompt_embeds")));
+    const pipelines::PipelineOptions opts = pipeline_options(vm, session, req);
     const std::string model = vm["model"].as<std::string>();
 
     const auto t0 = std::chrono::steady_clock::now();
@@ -171,23 +221,7 @@ Command generate_command() {
     auto res = pipe->generate(req, [&](int64_t i, int64_t n, double s) {
       if (lead) spdlog::info("step {}/{}: {:.3f} s", i + 1, n, s);
     });
-    if (lead) {
-      spdlog::info("timings: encode {:.3f} s, denoise {:.3f} s ({} steps, {:.3f} s/step), decode {:.3f} s",
-                   res.times.encode_s, res.times.denoise_s(), res.times.step_s.size(),
-                   res.times.denoise_s() / static_cast<double>(res.times.step_s.size()), res.times.decode_s);
-      if (tp.comm) spdlog::info("collectives: {}", tp.comm->stats().summary());
-      if (vm.count("out")) {
-        const std::string out = vm["out"].as<std::string>();
-        pipelines::write_png(out, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
-                             png_text(req, model, opts.dtype, tp.size));
-        spdlog::info("wrote {} ({}x{})", out, res.width, res.height);
-      }
-      if (vm.count("out-tensors")) {
-        const std::string out = vm["out-tensors"].as<std::string>();
-        checkpoint::write_tensor_file_f32(out, {{"latents", *res.latents}, {"image", *res.image}});
-        spdlog::info("wrote {}", out);
-      }
-    }
+    if (lead) report_and_write(vm, res, req, model, opts.dtype, tp);
     mesh->world().barrier();
     return 0;
   };

@@ -78,6 +78,87 @@ Listing list_component(const std::string& path, const std::string& variant) {
   return l;
 }
 
+// The model table's TP plan: one entry per pattern, with its style.
+nlohmann::json tp_plan_json(const models::ModelTable& table) {
+  nlohmann::json plan = nlohmann::json::array();
+  for (const auto& e : table.tp_plan()) {
+    nlohmann::json j = {{"pattern", e.pattern}, {"style", checkpoint::shard_style_name(e.style)}};
+    if (!e.blocks.empty()) j["blocks"] = e.blocks;
+    plan.push_back(std::move(j));
+  }
+  return plan;
+}
+
+// One stored tensor and, with a model table, its TP plan there; a shape other
+// than the table's is a CheckpointError.
+nlohmann::json tensor_json(const Row& row, const models::ModelTable* table, const std::string& config_path) {
+  nlohmann::json t;
+  t["name"] = row.name;
+  t["dtype"] = checkpoint::dtype_name(row.dtype);
+  t["shape"] = row.shape;
+  t["bytes"] = row.bytes;
+  t["file"] = row.file;
+  std::string plan = "-";
+  if (table) {
+    const models::TensorSpec* spec = table->find(row.name);
+    if (spec == nullptr) {
+      plan = "(not in model)";
+    } else {
+      if (spec->shape != row.shape) {
+        throw CheckpointError(fmt::format("{}: tensor '{}' has wrong shape; expected {} (from {}), got {}", row.file,
+                                          row.name, checkpoint::shape_string(spec->shape), config_path,
+                                          checkpoint::shape_string(row.shape)));
+      }
+      plan = spec->style == checkpoint::ShardStyle::Replicated ? "replicated"
+                                                                : checkpoint::shard_style_name(spec->style);
+      if (!spec->plan_key.empty()) t["plan_key"] = spec->plan_key;
+      t["kind"] = models::tensor_kind_name(spec->kind);
+      t["table_index"] = spec - table->tensors.data();  // declaration (module) order
+    }
+  }
+  t["plan"] = plan;
+  return t;
+}
+
+// Every tensor the table requires is stored (CheckpointError naming the first missing).
+void check_required_tensors(const models::ModelTable& table, const std::set<std::string>& present,
+                            const std::string& path) {
+  for (const auto& spec : table.tensors) {
+    if (!spec.optional && !present.count(spec.name)) {
+      throw CheckpointError(fmt::format("{}: tensor '{}' (shape {}) that {} needs is missing", path, spec.name,
+                                        checkpoint::shape_string(spec.shape), table.cls));
+    }
+  }
+}
+
+// What each of `tp` ranks would read; {"valid": false, "error"} when the
+// model cannot run at that TP size.
+nlohmann::json tp_shares(const std::vector<Row>& rows, const models::ModelTable* table, int tp,
+                         const std::string& path) {
+  nlohmann::json j;
+  j["size"] = tp;
+  try {
+    if (table) models::validate_tp_size(*table, tp, path);
+    std::vector<uint64_t> per_rank(static_cast<size_t>(tp), 0);
+    for (int r = 0; r < tp; ++r) {
+      for (const auto& row : rows) {
+        checkpoint::ShardRequest req;  // tensors the model does not know are read whole
+        if (table && table->find(row.name)) req = table->request(row.name, r, tp);
+        req.tp_rank = r;
+        req.tp_size = tp;
+        per_rank[static_cast<size_t>(r)] +=
+            checkpoint::plan_slice(row.name, row.shape, checkpoint::dtype_bits(row.dtype), req).bytes;
+      }
+    }
+    j["valid"] = true;
+    j["bytes_per_rank"] = per_rank;
+  } catch (const Error& err) {
+    j["valid"] = false;
+    j["error"] = err.what();
+  }
+  return j;
+}
+
 // Inspects one component; returns its JSON description. Throws on an invalid checkpoint.
 nlohmann::json inspect_component(const std::string& name, const std::string& path, const std::string& variant,
                                  int tp) {
@@ -89,87 +170,25 @@ nlohmann::json inspect_component(const std::string& name, const std::string& pat
     const models::TensorCensus census(std::move(names), path);  // block counts against what the checkpoint holds
     table = models::model_table_for(l.config, l.config_path, {}, &census);
   }
+  const models::ModelTable* t = table ? &*table : nullptr;
 
   nlohmann::json out;
   out["name"] = name;
   out["path"] = path;
   out["class"] = table ? table->cls : l.config.value("_class_name", std::string());
   out["model_table"] = table.has_value();
-  if (table) {
-    nlohmann::json plan = nlohmann::json::array();
-    for (const auto& e : table->tp_plan()) {
-      nlohmann::json j = {{"pattern", e.pattern}, {"style", checkpoint::shard_style_name(e.style)}};
-      if (!e.blocks.empty()) j["blocks"] = e.blocks;
-      plan.push_back(std::move(j));
-    }
-    out["tp_plan"] = std::move(plan);
-  }
+  if (table) out["tp_plan"] = tp_plan_json(*table);
   out["index"] = l.index;
   out["files"] = l.files;
   out["tensors"] = nlohmann::json::array();
   std::set<std::string> present;
   for (const auto& row : l.rows) {
     present.insert(row.name);
-    nlohmann::json t;
-    t["name"] = row.name;
-    t["dtype"] = checkpoint::dtype_name(row.dtype);
-    t["shape"] = row.shape;
-    t["bytes"] = row.bytes;
-    t["file"] = row.file;
-    std::string plan = "-";
-    if (table) {
-      const models::TensorSpec* spec = table->find(row.name);
-      if (spec == nullptr) {
-        plan = "(not in model)";
-      } else {
-        if (spec->shape != row.shape) {
-          throw CheckpointError(fmt::format("{}: tensor '{}' has wrong shape; expected {} (from {}), got {}", row.file,
-                                            row.name, checkpoint::shape_string(spec->shape), l.config_path,
-                                            checkpoint::shape_string(row.shape)));
-        }
-        plan = spec->style == checkpoint::ShardStyle::Replicated ? "replicated"
-                                                                  : checkpoint::shard_style_name(spec->style);
-        if (!spec->plan_key.empty()) t["plan_key"] = spec->plan_key;
-        t["kind"] = models::tensor_kind_name(spec->kind);
-        t["table_index"] = spec - table->tensors.data();  // declaration (module) order
-      }
-    }
-    t["plan"] = plan;
-    out["tensors"].push_back(std::move(t));
+    out["tensors"].push_back(tensor_json(row, t, l.config_path));
   }
-  if (table) {
-    for (const auto& spec : table->tensors) {
-      if (!spec.optional && !present.count(spec.name)) {
-        throw CheckpointError(fmt::format("{}: tensor '{}' (shape {}) that {} needs is missing", path, spec.name,
-                                          checkpoint::shape_string(spec.shape), table->cls));
-      }
-    }
-  }
+  if (table) check_required_tensors(*table, present, path);
   out["total_bytes"] = l.total;
-  if (tp > 0) {
-    nlohmann::json j;
-    j["size"] = tp;
-    try {
-      if (table) models::validate_tp_size(*table, tp, path);
-      std::vector<uint64_t> per_rank(static_cast<size_t>(tp), 0);
-      for (int r = 0; r < tp; ++r) {
-        for (const auto& row : l.rows) {
-          checkpoint::ShardRequest req;  // tensors the model does not know are read whole
-          if (table && table->find(row.name)) req = table->request(row.name, r, tp);
-          req.tp_rank = r;
-          req.tp_size = tp;
-          per_rank[static_cast<size_t>(r)] +=
-              checkpoint::plan_slice(row.name, row.shape, checkpoint::dtype_bits(row.dtype), req).bytes;
-        }
-      }
-      j["valid"] = true;
-      j["bytes_per_rank"] = per_rank;
-    } catch (const Error& err) {
-      j["valid"] = false;
-      j["error"] = err.what();
-    }
-    out["tp"] = j;
-  }
+  if (tp > 0) out["tp"] = tp_shares(l.rows, t, tp, path);
   return out;
 }
 

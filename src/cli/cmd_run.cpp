@@ -19,7 +19,7 @@ Command run_command() {
   c.add_options = [](po::options_description& desc, po::positional_options_description& pos) {
     po::options_description o("Job");
     o.add_options()
-        ("manifest", po::value<std::string>(), "the job manifest (TOML); see README 'Manifest reference'")
+        ("manifest", po::value<std::string>(), "the job manifest (TOML); see docs/jobs.md 'Manifest reference'")
         ("out", po::value<std::string>(), "output folder (overrides output.dir; relative to the current folder)")
         ("set", po::value<std::vector<std::string>>()->composing(),
          "override any manifest key: --set defaults.steps=4 --set parallel.tp=2 (repeatable)")

@@ -10,7 +10,8 @@
 namespace tprun::cli {
 
 void add_memory_option(boost::program_options::options_description& desc);
-// ConfigError "--memory <key>: ..." for a bad setting, identically on every rank.
+// ConfigError "--memory <key>: ..." for a bad setting, identically on every rank
+// (memory/memory_table.h).
 memory::MemoryOptions memory_from(const boost::program_options::variables_map& vm);
 
 }  // namespace tprun::cli

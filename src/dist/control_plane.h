@@ -47,9 +47,9 @@ class ControlPlane {
   void broadcast(int64_t& value);
   void barrier();
 
-  // Queues `payload` for world rank 0 (non-blocking; kept until sent). On
-  // rank 0 itself the handler of the next poll/wait sees nothing: rank 0
-  // handles its own records directly.
+  // Queues `payload` for world rank 0 (non-blocking; kept until sent). For
+  // the other ranks: rank 0 handles its own records directly (a message it
+  // queued for itself would reach its own next poll/wait).
   void send_to_root(Tag tag, std::string payload);
   // Rank 0: handles every message that has arrived; returns how many.
   int poll(const Handler& handle);

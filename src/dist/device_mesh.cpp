@@ -27,7 +27,6 @@ std::unique_ptr<DeviceMesh> DeviceMesh::create(const MeshSpec& spec, const MeshC
   mesh->dp_ = std::make_unique<MpiCommunicator>(dp_comm, fmt::format("dp[{}]", c.tp_index), ctx.watchdog);
   if (ctx.cuda_device >= 0) {
     mesh->tp_nccl_ = make_nccl_communicator(*mesh->tp_, ctx.cuda_device, ctx.watchdog);
-    mesh->dp_nccl_ = make_nccl_communicator(*mesh->dp_, ctx.cuda_device, ctx.watchdog);
   }
   if (mesh->layout_.group_spans_nodes[static_cast<size_t>(c.dp_index)]) {
     spdlog::warn("tp group {} spans nodes (allow_cross_node_tp): every layer's AllReduce crosses "
@@ -46,6 +45,5 @@ Communicator& DeviceMesh::world() { return *world_; }
 Communicator& DeviceMesh::tp() { return *tp_; }
 Communicator& DeviceMesh::dp() { return *dp_; }
 Communicator& DeviceMesh::tp_device() { return tp_nccl_ ? *tp_nccl_ : static_cast<Communicator&>(*tp_); }
-Communicator& DeviceMesh::dp_device() { return dp_nccl_ ? *dp_nccl_ : static_cast<Communicator&>(*dp_); }
 
 }  // namespace tprun::dist

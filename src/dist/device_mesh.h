@@ -1,6 +1,7 @@
 #pragma once
 // The device mesh made real: MPI sub-communicators for this rank's TP group
-// and its DP peers (plus NCCL communicators for them on CUDA ranks).
+// and its DP peers (plus an NCCL communicator for the TP group on CUDA ranks:
+// the only group that reduces device tensors).
 
 #include <memory>
 #include <string>
@@ -41,7 +42,6 @@ class DeviceMesh {
   // The communicator for tensors on this rank's compute device: NCCL on a
   // CUDA rank, else the MPI one.
   Communicator& tp_device();
-  Communicator& dp_device();
 
  private:
   DeviceMesh() = default;
@@ -49,7 +49,7 @@ class DeviceMesh {
   int world_rank_ = 0;
   std::vector<int> node_of_rank_;
   std::unique_ptr<MpiCommunicator> world_, tp_, dp_;
-  std::unique_ptr<Communicator> tp_nccl_, dp_nccl_;
+  std::unique_ptr<Communicator> tp_nccl_;
 };
 
 }  // namespace tprun::dist

@@ -62,10 +62,10 @@ Session::Session(int* argc, char*** argv, const SessionOptions& options) {
   // thread that pthread_create could not start.
   const ThreadBudget budget = fit_threads_to_address_space(threads_);
   threads_ = budget.threads;
-  interop_threads_ = std::max(1, threads_ / 2);
+  const int interop_threads = std::max(1, threads_ / 2);
   if (device_.cuda_index < 0) {
     if (budget.warning) spdlog::warn("{}", *budget.warning);
-    set_torch_threads(threads_, interop_threads_);
+    set_torch_threads(threads_, interop_threads);
     if (tc.warning && env_.local_rank == 0) spdlog::warn("{}", *tc.warning);
     const auto binding = binding_warning(cpu_binding_facts(process_env(), node_cpus(), cpus_in_affinity_mask(), masks));
     if (binding && env_.local_rank == 0) spdlog::warn("{}", *binding);

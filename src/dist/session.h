@@ -42,7 +42,6 @@ class Session {
   const std::string& host() const { return host_; }
   const DeviceChoice& device() const { return device_; }
   int threads() const { return threads_; }
-  int interop_threads() const { return interop_threads_; }
   const std::string& cpus() const { return cpus_; }
   dist::CommWatchdog* watchdog() const { return watchdog_.get(); }
 
@@ -54,7 +53,6 @@ class Session {
   std::string host_;
   DeviceChoice device_;
   int threads_ = 1;
-  int interop_threads_ = 1;
   std::string cpus_;
   std::unique_ptr<dist::CommWatchdog> watchdog_;
 };

@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/hdf5_util.h"
+#include "dist/control_plane.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
@@ -82,30 +83,25 @@ std::string run_name() {
 struct Hdf5Store::Impl {
   std::string final_path, tmp_path;
   bool images = false, latents = false;
-  MPI_Comm comm = MPI_COMM_NULL;
+  dist::ControlPlane* control = nullptr;
   int rank = 0;
   H5Handle file;
   std::vector<std::string> ids;
 };
 
 Hdf5Store::Hdf5Store(const std::string& out_dir, bool images, bool latents, const std::vector<StoreRequest>& requests,
-                     MPI_Comm comm)
+                     dist::ControlPlane& control, MPI_Comm comm)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.images = images;
   m.latents = latents;
-  m.comm = comm;
-  MPI_Comm_rank(comm, &m.rank);
+  m.control = &control;
+  m.rank = control.rank();
   const fs::path dir = fs::path(out_dir) / "store";
   std::string name = m.rank == 0 ? run_name() : std::string();
-  {
-    uint64_t n = name.size();
-    MPI_Bcast(&n, 1, MPI_UINT64_T, 0, comm);
-    name.resize(n);
-    MPI_Bcast(name.data(), static_cast<int>(n), MPI_CHAR, 0, comm);
-  }
+  control.broadcast(name);
   if (m.rank == 0) fs::create_directories(dir);
-  MPI_Barrier(comm);
+  control.barrier();
   m.final_path = (dir / name).string();
   m.tmp_path = (dir / ("." + name + ".tmp")).string();
   const std::string& where = m.tmp_path;
@@ -213,13 +209,13 @@ std::string Hdf5Store::finish(const std::set<std::string>& written) {
   } catch (const CheckpointError& e) {
     store_io_error("cannot finish the HDF5 store", where, e.what());
   }
-  MPI_Barrier(m.comm);
+  m.control->barrier();
   if (m.rank == 0) {
     if (std::rename(m.tmp_path.c_str(), m.final_path.c_str()) != 0) {
       throw_io_error(fmt::format("cannot rename {} to", m.tmp_path), m.final_path, errno);
     }
   }
-  MPI_Barrier(m.comm);
+  m.control->barrier();
   return m.final_path;
 }
 

@@ -30,6 +30,10 @@ namespace at {
 class Tensor;
 }
 
+namespace tprun::dist {
+class ControlPlane;
+}
+
 namespace tprun::jobs {
 
 struct StoreRequest {
@@ -39,9 +43,12 @@ struct StoreRequest {
 
 class Hdf5Store {
  public:
-  // Collective over `comm` (every rank, same arguments).
+  // Collective over `comm` (every rank, same arguments). `control` carries the
+  // file name and the barriers (under the communication watchdog); `comm` is
+  // the MPI-IO communicator HDF5 opens the file with. Both span the world, in
+  // the same rank order.
   Hdf5Store(const std::string& out_dir, bool images, bool latents, const std::vector<StoreRequest>& requests,
-            MPI_Comm comm);
+            dist::ControlPlane& control, MPI_Comm comm);
   ~Hdf5Store();
   Hdf5Store(const Hdf5Store&) = delete;
   Hdf5Store& operator=(const Hdf5Store&) = delete;
@@ -53,11 +60,11 @@ class Hdf5Store {
   // (rank 0). Returns the final path.
   std::string finish(const std::set<std::string>& written);
 
-  // Ids with data in the finished store files of `out_dir` (read by one rank,
-  // serially): an id counts when every requested format holds it.
   // The final path of this run's store file.
   const std::string& path() const;
 
+  // Ids with data in the finished store files of `out_dir` (read by one rank,
+  // serially): an id counts when every requested format holds it.
   static std::set<std::string> stored_ids(const std::string& out_dir, bool images, bool latents);
 
  private:

@@ -334,7 +334,7 @@ void JobRun::schedule() {
       const auto shape = pipe_->latent_shape(*r->gen.height, *r->gen.width);
       srs.push_back({r, shape[0], shape[1]});
     }
-    store_ = std::make_unique<Hdf5Store>(out_dir_.string(), m.hdf5, m.latents, srs, MPI_COMM_WORLD);
+    store_ = std::make_unique<Hdf5Store>(out_dir_.string(), m.hdf5, m.latents, srs, control_, MPI_COMM_WORLD);
   }
 }
 

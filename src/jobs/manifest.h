@@ -2,17 +2,17 @@
 // A job manifest (TOML): which model, how it is laid out over the ranks,
 // generation defaults, the requests file and the outputs. Every key is known:
 // an unknown key or a value of the wrong type is a ConfigError naming
-// file:line and the key, so a typo is never ignored. The README's "Manifest
-// reference" lists every key with its default.
+// file:line and the key, so a typo is never ignored. docs/jobs.md's
+// "Manifest reference" lists every key with its default.
 //
 //   model = "models/flux-tiny"        # pipeline folder, relative to the manifest
 //   dtype = "fp32"                    # fp32 | bf16 | fp16
 //   requests = "prompts.jsonl"        # JSONL, relative to the manifest
 //   [parallel]  tp = 1, dp = 0 (0: world / tp), device = "auto", allow_cross_node_tp = false,
 //               shard_text_encoders (unset: the pipeline's choice), shard_modulation = false
-//   [memory]    vae_slicing, vae_tiling, vae_tile_sample_size, vae_tile_overlap, attention_chunk,
-//               layerwise_casting = { storage = "float8_e4m3fn" | "float8_e5m2", skip = [regexes] }
-//               (memory/memory_options.h)
+//   [memory]    layerwise_casting, offload, device_map, max_memory, offload_folder, vae_slicing,
+//               vae_tiling, vae_tile_sample_size, vae_tile_overlap, attention_chunk
+//               (memory/memory_options.h; read by memory/memory_table.h)
 //   [defaults]  height, width, steps, guidance, true_cfg_scale, negative_prompt,
 //               max_sequence_length (each: the pipeline's default when unset; FluxPipeline:
 //               1024, 1024, 28, 3.5, 1.0, none, 512), seed = 0 (the base seed)
@@ -32,7 +32,6 @@
 #include "pipelines/generation_request.h"
 
 namespace tprun::jobs {
-
 
 struct Manifest {
   std::string path;      // the manifest file
@@ -58,7 +57,7 @@ struct Manifest {
 // key=value, the key dotted ("defaults.steps", "output.dir", "model"). The
 // value is read as TOML ("4", "3.5", "true", "\"x\"", "[\"png\"]"); a value
 // that is not valid TOML is taken as a string (so `--set model=/data/m` works).
-using Override = std::pair<std::string, std::string>;
+using Override = std::pair<std::string, std::string>;  // the type memory::apply_override takes
 Override parse_override(const std::string& text);  // ConfigError for a text without '='
 
 // Parses and validates; relative paths are resolved against the manifest's
@@ -74,9 +73,5 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path,
 // ConfigError naming the manifest key when the model folder (model_index.json)
 // or the requests file is missing.
 void check_paths(const Manifest& m);
-
-// `--memory KEY=VALUE` settings (the keys of the [memory] table, values read
-// as TOML as --set reads them): ConfigError "--memory <key>: ...".
-memory::MemoryOptions parse_memory_overrides(const std::vector<Override>& settings);
 
 }  // namespace tprun::jobs

@@ -47,95 +47,132 @@ uint64_t derive_seed(uint64_t base, const std::string& id) {
   return z & ((uint64_t{1} << 53) - 1);
 }
 
-JobRequest parse_request_line(const std::string& text, const std::string& file, int64_t line,
-                              const pipelines::GenerationRequest& d) {
-  nlohmann::json j;
-  try {
-    j = checkpoint::parse_strict_json(text, file, fmt::format("line {}", line));
-  } catch (const Error& e) {
-    fail(file, line, "json", e.what());
+namespace {
+
+// The value readers of one request line: each names file:line and the field.
+struct LineReader {
+  const std::string& file;
+  int64_t line;
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    jobs::fail(file, line, field, what);
   }
-  if (!j.is_object()) fail(file, line, "json", "each line must be one JSON object");
-  JobRequest r;
-  r.line = line;
-  auto& g = r.gen;
-  bool have_prompt = false;
-  bool negative_given = false;
-  auto integer = [&](const std::string& k, const nlohmann::json& v, int64_t lo, int64_t hi) {
-    if (!v.is_number_integer()) fail(file, line, k, fmt::format("must be an integer, found {}", clip_text(v.dump())));
+  int64_t integer(const std::string& k, const nlohmann::json& v, int64_t lo, int64_t hi) const {
+    if (!v.is_number_integer()) fail(k, fmt::format("must be an integer, found {}", clip_text(v.dump())));
     if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-      fail(file, line, k, fmt::format("{} is outside [{}, {}]", clip_text(v.dump()), lo, hi));
+      fail(k, fmt::format("{} is outside [{}, {}]", clip_text(v.dump()), lo, hi));
     }
     const int64_t x = v.get<int64_t>();
-    if (x < lo || x > hi) fail(file, line, k, fmt::format("{} is outside [{}, {}]", x, lo, hi));
+    if (x < lo || x > hi) fail(k, fmt::format("{} is outside [{}, {}]", x, lo, hi));
     return x;
-  };
-  auto number = [&](const std::string& k, const nlohmann::json& v, double lo, double hi) {
-    if (!v.is_number()) fail(file, line, k, fmt::format("must be a number, found {}", clip_text(v.dump())));
+  }
+  double number(const std::string& k, const nlohmann::json& v, double lo, double hi) const {
+    if (!v.is_number()) fail(k, fmt::format("must be a number, found {}", clip_text(v.dump())));
     const double x = v.get<double>();
     if (!(x >= lo && x <= hi)) {
       // An integer as written (INT64_MAX, not its double 9.223372036854776e+18).
       const std::string shown = v.is_number_integer() ? v.dump() : fmt::format("{}", x);
-      fail(file, line, k, fmt::format("{} is outside [{}, {}]", clip_text(shown), lo, hi));
+      fail(k, fmt::format("{} is outside [{}, {}]", clip_text(shown), lo, hi));
     }
     return x;
-  };
-  auto string = [&](const std::string& k, const nlohmann::json& v) {
-    if (!v.is_string()) fail(file, line, k, fmt::format("must be a string, found {}", clip_text(v.dump())));
-    return v.get<std::string>();
-  };
-  for (const auto& [k, v] : j.items()) {
-    if (k == "id") {
-      if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) {
-        r.id = std::to_string(v.get<uint64_t>());
-      } else if (v.is_string()) {
-        r.id = v.get<std::string>();
-      } else {
-        fail(file, line, k, fmt::format("must be a string or a non-negative integer, found {}", clip_text(v.dump())));
-      }
-      if (!valid_id(r.id)) {
-        fail(file, line, k,
-             fmt::format("'{}' is not a valid id (letters, digits, '.', '_', '-'; at most 128; not starting with '.')",
-                         clip_text(r.id)));
-      }
-    } else if (k == "prompt") {
-      g.prompt = string(k, v);
-      have_prompt = true;
-    } else if (k == "negative_prompt") {
-      const std::string s = string(k, v);
-      negative_given = true;  // "" = none, even where the manifest has a default
-      if (!s.empty()) g.negative_prompt = s;
-    } else if (k == "height") {
-      g.height = integer(k, v, 1, 16384);
-    } else if (k == "width") {
-      g.width = integer(k, v, 1, 16384);
-    } else if (k == "steps") {
-      g.steps = integer(k, v, 1, 10000);
-    } else if (k == "guidance") {
-      g.guidance = number(k, v, 0, 1000);
-    } else if (k == "true_cfg_scale") {
-      g.true_cfg_scale = number(k, v, 0, 1000);
-    } else if (k == "max_sequence_length") {
-      g.max_sequence_length = integer(k, v, 1, 512);
-    } else if (k == "seed") {
-      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
-        fail(file, line, k, fmt::format("must be a non-negative integer, found {}", clip_text(v.dump())));
-      }
-      g.seed = v.get<uint64_t>();
-      r.seed_given = true;
-    } else {
-      fail(file, line, clip_text(k),
-           "unknown field (known: id, prompt, negative_prompt, height, width, steps, guidance, true_cfg_scale, "
-           "max_sequence_length, seed)");
-    }
   }
-  if (r.id.empty()) fail(file, line, "id", "required field is missing");
-  if (!have_prompt) fail(file, line, "prompt", "required field is missing");
+  std::string string(const std::string& k, const nlohmann::json& v) const {
+    if (!v.is_string()) fail(k, fmt::format("must be a string, found {}", clip_text(v.dump())));
+    return v.get<std::string>();
+  }
+  std::string id(const std::string& k, const nlohmann::json& v) const {
+    std::string id;
+    if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) {
+      id = std::to_string(v.get<uint64_t>());
+    } else if (v.is_string()) {
+      id = v.get<std::string>();
+    } else {
+      fail(k, fmt::format("must be a string or a non-negative integer, found {}", clip_text(v.dump())));
+    }
+    if (!valid_id(id)) {
+      fail(k, fmt::format("'{}' is not a valid id (letters, digits, '.', '_', '-'; at most 128; not starting with '.')",
+                          clip_text(id)));
+    }
+    return id;
+  }
+  uint64_t seed(const std::string& k, const nlohmann::json& v) const {
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
+      fail(k, fmt::format("must be a non-negative integer, found {}", clip_text(v.dump())));
+    }
+    return v.get<uint64_t>();
+  }
+};
+
+// The line as one JSON object.
+nlohmann::json parse_line_object(const LineReader& in, const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = checkpoint::parse_strict_json(text, in.file, fmt::format("line {}", in.line));
+  } catch (const Error& e) {
+    in.fail("json", e.what());
+  }
+  if (!j.is_object()) in.fail("json", "each line must be one JSON object");
+  return j;
+}
+
+// Which of the fields that need a second look a line set.
+struct FieldsSeen {
+  bool prompt = false;
+  bool negative_prompt = false;
+};
+
+// One field of the line into `r`; an unknown field is an error listing the known ones.
+void read_field(const LineReader& in, const std::string& k, const nlohmann::json& v, JobRequest& r, FieldsSeen& seen) {
+  auto& g = r.gen;
+  if (k == "id") {
+    r.id = in.id(k, v);
+  } else if (k == "prompt") {
+    g.prompt = in.string(k, v);
+    seen.prompt = true;
+  } else if (k == "negative_prompt") {
+    const std::string s = in.string(k, v);
+    seen.negative_prompt = true;  // "" = none, even where the manifest has a default
+    if (!s.empty()) g.negative_prompt = s;
+  } else if (k == "height") {
+    g.height = in.integer(k, v, 1, 16384);
+  } else if (k == "width") {
+    g.width = in.integer(k, v, 1, 16384);
+  } else if (k == "steps") {
+    g.steps = in.integer(k, v, 1, 10000);
+  } else if (k == "guidance") {
+    g.guidance = in.number(k, v, 0, 1000);
+  } else if (k == "true_cfg_scale") {
+    g.true_cfg_scale = in.number(k, v, 0, 1000);
+  } else if (k == "max_sequence_length") {
+    g.max_sequence_length = in.integer(k, v, 1, 512);
+  } else if (k == "seed") {
+    g.seed = in.seed(k, v);
+    r.seed_given = true;
+  } else {
+    in.fail(clip_text(k),
+            "unknown field (known: id, prompt, negative_prompt, height, width, steps, guidance, true_cfg_scale, "
+            "max_sequence_length, seed)");
+  }
+}
+
+}  // namespace
+
+JobRequest parse_request_line(const std::string& text, const std::string& file, int64_t line,
+                              const pipelines::GenerationRequest& d) {
+  const LineReader in{file, line};
+  const nlohmann::json j = parse_line_object(in, text);
+  JobRequest r;
+  r.line = line;
+  FieldsSeen seen;
+  for (const auto& [k, v] : j.items()) read_field(in, k, v, r, seen);
+  if (r.id.empty()) in.fail("id", "required field is missing");
+  if (!seen.prompt) in.fail("prompt", "required field is missing");
+  auto& g = r.gen;
   if (!r.seed_given) g.seed = derive_seed(d.seed, r.id);
   g.id = r.id;  // the pipeline names the request in its warnings
   const std::optional<std::string> negative = g.negative_prompt;
   g.fill_from(d);
-  if (negative_given) g.negative_prompt = negative;
+  if (seen.negative_prompt) g.negative_prompt = negative;
   return r;
 }
 

@@ -7,13 +7,6 @@
 
 namespace tprun::memory {
 
-const std::vector<std::string>& memory_keys() {
-  static const std::vector<std::string> keys = {
-      "layerwise_casting", "offload",          "device_map",       "max_memory",       "offload_folder",
-      "vae_slicing",       "vae_tiling",       "vae_tile_sample_size", "vae_tile_overlap", "attention_chunk"};
-  return keys;
-}
-
 const std::vector<std::string>& offload_types() {
   static const std::vector<std::string> types = {"block_level", "leaf_level", "model_level"};
   return types;
@@ -28,7 +21,6 @@ std::optional<int> device_map_target(const std::string& d) {
     if (c < '0' || c > '9') return std::nullopt;
   return std::stoi(digits);
 }
-
 
 const std::vector<std::string>& layerwise_storage_dtypes() {
   static const std::vector<std::string> dtypes = {"float8_e4m3fn", "float8_e5m2"};

@@ -1,7 +1,7 @@
 #pragma once
 // The memory features of diffusers' memory guide, as the manifest's [memory]
-// table and `--memory KEY=VALUE` set them (jobs/manifest.h parses both, with
-// file:line or the flag in every message). They travel as part of the
+// table and `--memory KEY=VALUE` set them (memory/memory_table.h reads both,
+// with file:line or the flag in every message). They travel as part of the
 // options every model loads with (models::ModelOptions::memory); the
 // families read the fields that concern them. Torch-free, below parallel/
 // and models/ (the manifest parser's fuzz target links it).
@@ -92,8 +92,6 @@ struct MemoryOptions {
 // The storage dtypes layerwise_casting accepts.
 const std::vector<std::string>& layerwise_storage_dtypes();
 
-// Every key the [memory] table may hold, in README order.
-const std::vector<std::string>& memory_keys();
 // The offload types the table form accepts.
 const std::vector<std::string>& offload_types();
 // Where a device map may place weights on a rank: "cpu", "disk", "N" or

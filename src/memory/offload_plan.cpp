@@ -32,15 +32,6 @@ std::string stat_line(const fs::path& p) {
 
 }  // namespace
 
-const char* tier_name(Tier tier) {
-  switch (tier) {
-    case Tier::Resident: return "resident";
-    case Tier::Host: return "cpu";
-    case Tier::Disk: return "disk";
-  }
-  return "?";
-}
-
 std::string offload_group_of(const std::string& tensor, const std::string& type, int64_t blocks_per_group) {
   if (type == "model_level") return "model";
   if (type == "leaf_level") {

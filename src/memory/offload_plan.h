@@ -16,7 +16,6 @@ namespace tprun::memory {
 // copied to the accelerator per use (only on an accelerator rank: on a CPU
 // rank the host is the compute device). Disk: in a file, read per use.
 enum class Tier { Resident, Host, Disk };
-const char* tier_name(Tier tier);
 
 // The group of `tensor` under an offload type (diffusers' names):
 //   block_level  the first numbered component of the name is a block list's

@@ -60,8 +60,10 @@ void check_input(const at::Tensor& x, const char* name, int64_t channels) {
 
 int64_t VaeConfig::scale_factor() const { return int64_t{1} << (block_out_channels.size() - 1); }
 
-VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path, const TensorCensus* census) {
-  if (!c.is_object()) throw CheckpointError(fmt::format("{}: config must be a JSON object", path));
+namespace {
+
+// The class named by _class_name with its __init__ defaults.
+VaeConfig vae_class_defaults(const nlohmann::json& c, const std::string& path) {
   VaeConfig v;
   v.cls = config_class(c).empty() ? std::string(AutoencoderKL::kClass) : config_class(c);
   if (v.cls == "AutoencoderKLFlux2") {
@@ -73,6 +75,11 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path,
   } else if (v.cls != AutoencoderKL::kClass) {
     throw CheckpointError(fmt::format("{}: _class_name '{}' is not AutoencoderKL or AutoencoderKLFlux2", path, v.cls));
   }
+  return v;
+}
+
+// Channels, blocks per level and the levels, checked against the checkpoint's census when given.
+void read_vae_sizes(const nlohmann::json& c, const std::string& path, const TensorCensus* census, VaeConfig& v) {
   v.in_channels = config_positive(c, "in_channels", path, v.in_channels, 64);
   v.out_channels = config_positive(c, "out_channels", path, v.out_channels, 64);
   // The encoder holds layers_per_block resnets per level, the decoder one more
@@ -100,6 +107,10 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path,
                                       "block_out_channels has {}",
                                       path, v.decoder_block_out_channels.size(), v.block_out_channels.size()));
   }
+}
+
+// Switches, tile size, latent scaling and AutoencoderKLFlux2's batch-norm and patch fields.
+void read_vae_options(const nlohmann::json& c, const std::string& path, VaeConfig& v) {
   v.use_quant_conv = config_bool_or(c, "use_quant_conv", path, true);
   v.use_post_quant_conv = config_bool_or(c, "use_post_quant_conv", path, true);
   v.mid_block_add_attention = config_bool_or(c, "mid_block_add_attention", path, true);
@@ -125,7 +136,11 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path,
                                         path));
     }
   }
+}
 
+// What tprun's AutoencoderKL runs: silu, the plain block types of every
+// level, positive sizes, channels divisible by norm_num_groups, at most 16 levels.
+void check_vae_structure(const nlohmann::json& c, const std::string& path, const VaeConfig& v) {
   if (c.contains("act_fn") && !(c["act_fn"].is_string() && c["act_fn"].get<std::string>() == "silu")) {
     throw CheckpointError(
         fmt::format("{}: field 'act_fn' is {}; tprun's AutoencoderKL supports only \"silu\"", path, c["act_fn"].dump()));
@@ -157,6 +172,16 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path,
     }
   }
   if (n > 16) throw CheckpointError(fmt::format("{}: block_out_channels has {} entries (at most 16)", path, n));
+}
+
+}  // namespace
+
+VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path, const TensorCensus* census) {
+  if (!c.is_object()) throw CheckpointError(fmt::format("{}: config must be a JSON object", path));
+  VaeConfig v = vae_class_defaults(c, path);
+  read_vae_sizes(c, path, census, v);
+  read_vae_options(c, path, v);
+  check_vae_structure(c, path, v);
   return v;
 }
 

@@ -123,7 +123,7 @@ class AutoencoderKL final : public Model {
   // [4 * latent_channels] (the pipelines' latent normalisation). Internal error otherwise.
   at::Tensor latent_bn_mean() const;
   at::Tensor latent_bn_std() const;
-  // ModelOptions::vae_slicing / vae_tiling as loaded; tile sides (pixels, latents).
+  // MemoryOptions::vae_slicing / vae_tiling as loaded; tile sides (pixels, latents).
   bool slicing() const { return slicing_; }
   bool tiling() const { return tiling_; }
   int64_t tile_sample_size() const { return tile_sample_; }

@@ -68,7 +68,7 @@ struct ClipTextWeights {
   parallel::Weight token, position;  // [V, H], [P, H]
   std::vector<ClipLayerWeights> layers;
   Affine final_ln;
-  int64_t attention_chunk = 0;  // ModelOptions::attention_chunk (nn::over_query_chunks; 0 = all at once)
+  int64_t attention_chunk = 0;  // MemoryOptions::attention_chunk (nn::over_query_chunks; 0 = all at once)
 };
 
 namespace {

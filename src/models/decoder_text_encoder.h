@@ -187,7 +187,7 @@ class DecoderTextEncoder final : public Model {
   std::vector<int64_t> hidden_layers_;
   int64_t layers_run_ = 0;
   bool final_norm_ = true;
-  int64_t attention_chunk_ = 0;  // ModelOptions::attention_chunk
+  int64_t attention_chunk_ = 0;  // MemoryOptions::attention_chunk
   std::shared_ptr<const DecoderWeights> w_;
 };
 

@@ -59,7 +59,7 @@ struct DecoderLayerContext {
   const at::Tensor* cos = nullptr;  // [1, 1, S, D]
   const at::Tensor* sin = nullptr;
   const at::Tensor* mask = nullptr;  // [B, 1, S, S] additive
-  int64_t attention_chunk = 0;       // ModelOptions::attention_chunk (nn::sdpa; 0 = one call)
+  int64_t attention_chunk = 0;       // MemoryOptions::attention_chunk (nn::sdpa; 0 = one call)
 };
 
 // One decoder layer on [B, S, hidden] with this rank's heads: self-attention

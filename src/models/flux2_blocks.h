@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "models/flux2_transformer.h"
+#include "models/mmdit_blocks.h"
 #include "models/model_builder.h"
 #include "models/nn_ops.h"
 #include "parallel/parallel_linear.h"
@@ -14,14 +15,10 @@
 namespace tprun::models {
 
 struct Flux2DoubleBlockWeights {
-  parallel::ParallelLinear to_q, to_k, to_v;  // colwise
-  parallel::Weight norm_q, norm_k;
-  parallel::ParallelLinear to_out;  // rowwise
-  parallel::Weight norm_added_q, norm_added_k;
-  parallel::ParallelLinear add_q, add_k, add_v;  // colwise
-  parallel::ParallelLinear to_add_out;           // rowwise
-  parallel::ParallelLinear ff_in, ff_out;        // packed colwise [mlp, mlp] (gate | up), rowwise
-  parallel::ParallelLinear ffc_in, ffc_out;
+  mmdit::JointAttentionWeights attn;
+  // ff.linear_in (packed colwise [mlp, mlp]: gate | up), ff.linear_out (rowwise).
+  parallel::ParallelLinear ff_in, ff_out;
+  parallel::ParallelLinear ff_context_in, ff_context_out;  // ff_context.linear_in / linear_out
 };
 
 struct Flux2SingleBlockWeights {
@@ -31,7 +28,7 @@ struct Flux2SingleBlockWeights {
 };
 
 struct Flux2Weights {
-  parallel::ParallelLinear t_lin1, t_lin2, g_lin1, g_lin2;
+  mmdit::MlpEmbedder timestep_embedder, guidance_embedder;  // time_guidance_embed
   bool has_guidance = false;
   // Flux2Modulation linears, shared by every block of their kind.
   parallel::ParallelLinear mod_img, mod_txt, mod_single;
@@ -47,15 +44,11 @@ Flux2Weights declare_flux2(const Flux2Config& config, bool shard_modulation, Mod
 // Block forwards. `mod_img` / `mod_txt`: the full double-stream modulation
 // vectors [B, 6*inner] (two sets of shift, scale, gate); `mod`: the single
 // stream's [B, 3*inner]. `joint` is the single blocks' [txt, img] stream.
-// `attention_chunk`: ModelOptions::attention_chunk (nn::attention; 0 = one call).
+// `attention_chunk`: MemoryOptions::attention_chunk (nn::attention; 0 = one call).
 void flux2_double_block_forward(const Flux2DoubleBlockWeights& w, const Flux2Config& config,
                                 const at::Tensor& mod_img, const at::Tensor& mod_txt, const nn::Rope& rope,
                                 at::Tensor& hidden, at::Tensor& encoder, int64_t attention_chunk);
 void flux2_single_block_forward(const Flux2SingleBlockWeights& w, const Flux2Config& config, const at::Tensor& mod,
                                 const nn::Rope& rope, at::Tensor& joint, int64_t attention_chunk);
-
-// (1 + scale) * LayerNorm(x) + shift, LayerNorm without affine; scale and
-// shift [B, D] broadcast over the tokens.
-at::Tensor flux2_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps);
 
 }  // namespace tprun::models

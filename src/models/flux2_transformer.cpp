@@ -17,9 +17,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
 #include "models/flux2_blocks.h"
+#include "models/mmdit_blocks.h"
 #include "models/model_config.h"
 #include "models/model_inputs.h"
 #include "models/model_registry.h"
@@ -51,17 +51,7 @@ Flux2Config Flux2Config::from_json(const nlohmann::json& c, const std::string& p
                                       f.mlp_ratio, f.inner(), f.mlp_ratio, f.mlp_hidden()));
   }
   f.axes_dims_rope = config_int_list_or(c, "axes_dims_rope", path, f.axes_dims_rope, 8, 4096);
-  int64_t rope_sum = 0;
-  for (int64_t d : f.axes_dims_rope) {
-    if (d % 2 != 0) {
-      throw CheckpointError(fmt::format("{}: field 'axes_dims_rope' entries must be even and positive", path));
-    }
-    rope_sum += d;
-  }
-  if (rope_sum != f.head_dim) {
-    throw CheckpointError(fmt::format("{}: field 'axes_dims_rope' sums to {} but attention_head_dim is {}", path,
-                                      rope_sum, f.head_dim));
-  }
+  check_rope_axes(f.axes_dims_rope, f.head_dim, path);
   return f;
 }
 
@@ -75,28 +65,12 @@ std::unique_ptr<Flux2Transformer> Flux2Transformer::load(checkpoint::WeightSourc
   auto m = std::make_unique<Flux2Transformer>();
   const TensorCensus census = census_of(source);
   m->config_ = Flux2Config::from_json(config, config_path, &census);
-  m->tp_ = tp;
-  m->shard_modulation_ = options.shard_modulation;
-  m->attention_chunk_ = nn::checked_attention_chunk(options.memory.attention_chunk);
+  const Flux2Config& c = m->config_;
   auto w = std::make_shared<Flux2Weights>();
-  BuiltModel built = build_model(kClass, source, tp, build_options(options, class_skip_patterns()),
-                                 [&](ModelBuilder& b) { *w = declare_flux2(m->config_, options.shard_modulation, b); });
-  m->table_ = std::move(built.table);
-  m->bytes_loaded_ = built.bytes_read;
-  m->bytes_stored_ = built.bytes_stored;
+  m->load_weights(kClass, source, tp, options, class_skip_patterns(), {c.heads, c.head_dim, c.layers, c.single_layers},
+                  [&](ModelBuilder& b) { *w = declare_flux2(c, options.shard_modulation, b); });
   m->w_ = std::move(w);
-  nn::log_sdpa_attention(kClass, options.device, checkpoint::parse_compute_dtype(options.dtype, "dtype"),
-                         m->config_.heads / tp.size, m->config_.head_dim, false, m->attention_chunk_);
   return m;
-}
-
-int64_t Flux2Transformer::all_reduces_per_forward() const {
-  if (tp_.size == 1) return 0;
-  return 2 * config_.layers + config_.single_layers + (shard_modulation_ ? 1 : 0);
-}
-
-TensorMap Flux2Transformer::forward(const TensorMap& inputs, Trace* trace) const {
-  return {{"sample", run(inputs, trace)}};
 }
 
 TensorMap Flux2Transformer::example_inputs(uint64_t seed) const {
@@ -120,7 +94,9 @@ TensorMap Flux2Transformer::example_inputs(uint64_t seed) const {
 at::Tensor Flux2Transformer::run(const TensorMap& in, Trace* trace) const {
   const Flux2Weights& w = *w_;
   const auto opts = w.x_embedder.weight().get().options();
-  auto to_compute = [&](const at::Tensor& t) { return t.to(opts.device(), opts.dtype().toScalarType()); };
+  const mmdit::ToCompute to_compute = [&](const at::Tensor& t) {
+    return t.to(opts.device(), opts.dtype().toScalarType());
+  };
   auto record = [&](const std::string& name, const at::Tensor& t) {
     if (trace) trace->emplace_back(name, t);
   };
@@ -137,13 +113,13 @@ at::Tensor Flux2Transformer::run(const TensorMap& in, Trace* trace) const {
 
   // Flux2TimestepGuidanceEmbeddings: timestep / guidance cast to the compute
   // dtype, * 1000, Timesteps(flip_sin_to_cos, shift 0) -> linear_1 -> silu -> linear_2.
-  auto embed = [&](const at::Tensor& t, const parallel::ParallelLinear& l1, const parallel::ParallelLinear& l2) {
-    const at::Tensor scaled = to_compute(t) * 1000;
-    return l2.forward(nn::silu(l1.forward(to_compute(nn::timestep_embedding(scaled, config_.timestep_channels,
-                                                                            true, 0)))));
-  };
-  at::Tensor temb = embed(scalar_per_sample(in, "timestep", batch), w.t_lin1, w.t_lin2);
-  if (w.has_guidance) temb = temb + embed(scalar_per_sample(in, "guidance", batch), w.g_lin1, w.g_lin2);
+  const int64_t channels = config_.timestep_channels;
+  at::Tensor temb = mmdit::embed_timestep(w.timestep_embedder, scalar_per_sample(in, "timestep", batch), channels,
+                                          to_compute);
+  if (w.has_guidance) {
+    temb = temb + mmdit::embed_timestep(w.guidance_embedder, scalar_per_sample(in, "guidance", batch), channels,
+                                        to_compute);
+  }
   record("time_guidance_embed", temb);
 
   // Flux2Modulation: silu(temb) -> linear, once per forward, shared by every
@@ -172,21 +148,19 @@ at::Tensor Flux2Transformer::run(const TensorMap& in, Trace* trace) const {
   record("pos_embed.freqs_sin", *rope.sin);
 
   for (size_t i = 0; i < w.doubles.size(); ++i) {
-    flux2_double_block_forward(w.doubles[i], config_, mods[0], mods[1], rope, hidden, encoder, attention_chunk_);
+    flux2_double_block_forward(w.doubles[i], config_, mods[0], mods[1], rope, hidden, encoder, attention_chunk());
     record(fmt::format("transformer_blocks.{}.encoder_hidden_states", i), encoder);
     record(fmt::format("transformer_blocks.{}.hidden_states", i), hidden);
   }
   const int64_t txt = encoder.size(1);
   at::Tensor joint = at::cat({encoder, hidden}, 1);
   for (size_t i = 0; i < w.singles.size(); ++i) {
-    flux2_single_block_forward(w.singles[i], config_, mods[2], rope, joint, attention_chunk_);
+    flux2_single_block_forward(w.singles[i], config_, mods[2], rope, joint, attention_chunk());
     record(fmt::format("single_transformer_blocks.{}.hidden_states", i), joint);
   }
   hidden = joint.narrow(1, txt, joint.size(1) - txt);
 
-  // AdaLayerNormContinuous: (scale, shift) = chunk(linear(silu(temb)), 2).
-  auto ss = w.norm_out.forward(act).chunk(2, 1);
-  hidden = nn::layer_norm(hidden, config_.eps) * (1 + ss[0].unsqueeze(1)) + ss[1].unsqueeze(1);
+  hidden = mmdit::ada_norm_continuous(w.norm_out, act, hidden, config_.eps);
   record("norm_out", hidden);
   at::Tensor sample = w.proj_out.forward(hidden);
   record("proj_out", sample);

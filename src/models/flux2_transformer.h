@@ -44,7 +44,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/model.h"
+#include "models/mmdit_transformer.h"
 
 namespace tprun::checkpoint {
 class WeightSource;
@@ -75,11 +75,11 @@ struct Flux2Config {
 
 struct Flux2Weights;  // flux2_blocks.h
 
-class Flux2Transformer final : public Model {
+class Flux2Transformer final : public MmditTransformer {
  public:
   static constexpr const char* kClass = "Flux2Transformer2DModel";
   // Patterns of the modules the diffusers / transformers class keeps in the
-  // compute dtype when weights are stored narrower (its
+  // compute dtype under layerwise casting (its
   // _skip_layerwise_casting_patterns / _keep_in_fp32_modules).
   static std::vector<std::string> class_skip_patterns() { return {"pos_embed", "norm"}; }
 
@@ -98,24 +98,16 @@ class Flux2Transformer final : public Model {
   // "transformer_blocks.{i}.encoder_hidden_states" / ".hidden_states",
   // "single_transformer_blocks.{i}.hidden_states" (the joint [txt, img]
   // stream, as diffusers' single block returns it), "norm_out", "proj_out".
-  at::Tensor run(const TensorMap& inputs, Trace* trace = nullptr) const;
+  at::Tensor run(const TensorMap& inputs, Trace* trace = nullptr) const override;
 
-  TensorMap forward(const TensorMap& inputs, Trace* trace = nullptr) const override;
   // An 8 x 8 latent grid and 8 text tokens, N(0, 1), ids as Flux2Pipeline
   // makes them, timestep 0.5 (+ guidance 4.0).
   TensorMap example_inputs(uint64_t seed) const override;
-  std::string primary_output() const override { return "sample"; }
-  // See above: 2 * num_layers + num_single_layers (+1 with shard_modulation), 0 at tp 1.
-  int64_t all_reduces_per_forward() const override;
 
   const Flux2Config& config() const { return config_; }
-  // ModelOptions::attention_chunk as loaded (0: one attention call over all queries).
-  int64_t attention_chunk() const { return attention_chunk_; }
 
  private:
   Flux2Config config_;
-  bool shard_modulation_ = false;
-  int64_t attention_chunk_ = 0;  // ModelOptions::attention_chunk
   std::shared_ptr<const Flux2Weights> w_;
 };
 

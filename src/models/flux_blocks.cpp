@@ -5,33 +5,14 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/clamp.h>
 
 #include <fmt/format.h>
-
-#include "runtime/error.h"
 
 namespace tprun::models {
 namespace {
 
-// LayerNorm (no affine, eps 1e-6) then x * (1 + scale) + shift, [B, D] broadcast over tokens.
-at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
-  return nn::layer_norm(x, 1e-6) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
-}
-
-// [B, S, h*D] -> [B, h, S, D], with the per-head RMSNorm when given.
-at::Tensor heads_of(const at::Tensor& y, int64_t head_dim, const parallel::Weight* norm) {
-  at::Tensor t = y.unflatten(-1, {-1, head_dim});
-  if (norm) t = nn::rms_norm(t, norm->get(), 1e-6);
-  return t.transpose(1, 2);
-}
-
-// [B, h, S, D] -> [B, S, h*D]
-at::Tensor merge_heads(const at::Tensor& t) { return t.transpose(1, 2).flatten(2); }
-
-at::Tensor clip_fp16(const at::Tensor& x) {
-  return x.scalar_type() == at::kHalf ? at::clamp(x, -65504, 65504) : x;
-}
+// FLUX.1's LayerNorm and QK RMSNorm epsilon.
+constexpr double kEps = 1e-6;
 
 }  // namespace
 
@@ -50,36 +31,34 @@ FluxWeights declare_flux(const FluxConfig& c, bool shard_modulation, ModelBuilde
   FluxWeights w;
   w.x_embedder = b.linear("x_embedder", inner, c.in_channels, plain);  // in_channels already counts packed patches
   w.context_embedder = b.linear("context_embedder", inner, c.joint_dim, plain);
-  w.t_lin1 = b.linear("time_text_embed.timestep_embedder.linear_1", inner, 256, plain);
-  w.t_lin2 = b.linear("time_text_embed.timestep_embedder.linear_2", inner, inner, plain);
+  w.timestep_embedder = mmdit::declare_mlp_embedder(b, "time_text_embed.timestep_embedder.", inner, 256, plain);
   w.has_guidance = c.guidance;
   if (c.guidance) {
-    w.g_lin1 = b.linear("time_text_embed.guidance_embedder.linear_1", inner, 256, plain);
-    w.g_lin2 = b.linear("time_text_embed.guidance_embedder.linear_2", inner, inner, plain);
+    w.guidance_embedder = mmdit::declare_mlp_embedder(b, "time_text_embed.guidance_embedder.", inner, 256, plain);
   }
-  w.p_lin1 = b.linear("time_text_embed.text_embedder.linear_1", inner, c.pooled_dim, plain);
-  w.p_lin2 = b.linear("time_text_embed.text_embedder.linear_2", inner, inner, plain);
+  w.text_embedder = mmdit::declare_mlp_embedder(b, "time_text_embed.text_embedder.", inner, c.pooled_dim, plain);
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string p = fmt::format("transformer_blocks.{}.", i);
     DoubleBlockWeights d;
     d.norm1 = b.linear(p + "norm1.linear", 6 * inner, inner, modulation);
     d.norm1_context = b.linear(p + "norm1_context.linear", 6 * inner, inner, modulation);
-    d.norm_q = b.tensor(p + "attn.norm_q.weight", {c.head_dim}, TensorKind::Norm);
-    d.norm_k = b.tensor(p + "attn.norm_k.weight", {c.head_dim}, TensorKind::Norm);
-    d.norm_added_q = b.tensor(p + "attn.norm_added_q.weight", {c.head_dim}, TensorKind::Norm);
-    d.norm_added_k = b.tensor(p + "attn.norm_added_k.weight", {c.head_dim}, TensorKind::Norm);
-    d.to_q = b.linear(p + "attn.to_q", inner, inner, col);
-    d.to_k = b.linear(p + "attn.to_k", inner, inner, col);
-    d.to_v = b.linear(p + "attn.to_v", inner, inner, col);
-    d.add_q = b.linear(p + "attn.add_q_proj", inner, inner, col);
-    d.add_k = b.linear(p + "attn.add_k_proj", inner, inner, col);
-    d.add_v = b.linear(p + "attn.add_v_proj", inner, inner, col);
-    d.to_out = b.linear(p + "attn.to_out.0", inner, inner, row);
-    d.to_add_out = b.linear(p + "attn.to_add_out", inner, inner, row);
+    mmdit::JointAttentionWeights& a = d.attn;
+    a.norm_q = b.tensor(p + "attn.norm_q.weight", {c.head_dim}, TensorKind::Norm);
+    a.norm_k = b.tensor(p + "attn.norm_k.weight", {c.head_dim}, TensorKind::Norm);
+    a.norm_added_q = b.tensor(p + "attn.norm_added_q.weight", {c.head_dim}, TensorKind::Norm);
+    a.norm_added_k = b.tensor(p + "attn.norm_added_k.weight", {c.head_dim}, TensorKind::Norm);
+    a.to_q = b.linear(p + "attn.to_q", inner, inner, col);
+    a.to_k = b.linear(p + "attn.to_k", inner, inner, col);
+    a.to_v = b.linear(p + "attn.to_v", inner, inner, col);
+    a.add_q = b.linear(p + "attn.add_q_proj", inner, inner, col);
+    a.add_k = b.linear(p + "attn.add_k_proj", inner, inner, col);
+    a.add_v = b.linear(p + "attn.add_v_proj", inner, inner, col);
+    a.to_out = b.linear(p + "attn.to_out.0", inner, inner, row);
+    a.to_add_out = b.linear(p + "attn.to_add_out", inner, inner, row);
     d.ff_in = b.linear(p + "ff.net.0.proj", ff, inner, col);
     d.ff_out = b.linear(p + "ff.net.2", inner, ff, row);
-    d.ffc_in = b.linear(p + "ff_context.net.0.proj", ff, inner, col);
-    d.ffc_out = b.linear(p + "ff_context.net.2", inner, ff, row);
+    d.ff_context_in = b.linear(p + "ff_context.net.0.proj", ff, inner, col);
+    d.ff_context_out = b.linear(p + "ff_context.net.2", inner, ff, row);
     w.doubles.push_back(std::move(d));
   }
   for (int64_t i = 0; i < c.single_layers; ++i) {
@@ -106,34 +85,20 @@ void double_block_forward(const DoubleBlockWeights& w, int64_t head_dim, const a
   // AdaLayerNormZero: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp.
   auto m = mod.chunk(6, 1);
   auto mc = mod_context.chunk(6, 1);
-  at::Tensor nx = modulate(hidden, m[0], m[1]);
-  at::Tensor nc = modulate(encoder, mc[0], mc[1]);
+  const at::Tensor nx = mmdit::modulate(hidden, m[0], m[1], kEps);
+  const at::Tensor nc = mmdit::modulate(encoder, mc[0], mc[1], kEps);
 
-  // Joint attention over [text, image], this rank's heads only.
-  at::Tensor q = at::cat({heads_of(w.add_q.forward(nc), head_dim, &w.norm_added_q),
-                          heads_of(w.to_q.forward(nx), head_dim, &w.norm_q)}, 2);
-  at::Tensor k = at::cat({heads_of(w.add_k.forward(nc), head_dim, &w.norm_added_k),
-                          heads_of(w.to_k.forward(nx), head_dim, &w.norm_k)}, 2);
-  at::Tensor v = at::cat({heads_of(w.add_v.forward(nc), head_dim, nullptr),
-                          heads_of(w.to_v.forward(nx), head_dim, nullptr)}, 2);
-  q = nn::apply_rope(q, rope);
-  k = nn::apply_rope(k, rope);
-  at::Tensor attn = merge_heads(nn::attention(q, k, v, w.to_q.tp().size, attention_chunk));
-  const int64_t txt = encoder.size(1);
-  at::Tensor attn_txt = attn.narrow(1, 0, txt).contiguous();
-  at::Tensor attn_img = attn.narrow(1, txt, attn.size(1) - txt).contiguous();
-
-  // One AllReduce closes both streams' attention output projections.
-  auto out = parallel::rowwise_forward(parallel::RowwiseBatch().add(w.to_out, attn_img).add(w.to_add_out, attn_txt));
-  hidden = hidden + m[2].unsqueeze(1) * out[0];
-  encoder = encoder + mc[2].unsqueeze(1) * out[1];
+  // Joint attention over [text, image]; one AllReduce closes both streams' output projections.
+  mmdit::StreamPair out = mmdit::joint_attention(w.attn, head_dim, kEps, nx, nc, rope, attention_chunk);
+  hidden = mmdit::add_gated(hidden, m[2], out.image);
+  encoder = mmdit::add_gated(encoder, mc[2], out.text);
 
   // Feed-forwards (GELU-tanh), one AllReduce for both streams.
-  const at::Tensor fx = nn::gelu_tanh(w.ff_in.forward(modulate(hidden, m[3], m[4])));
-  const at::Tensor fc = nn::gelu_tanh(w.ffc_in.forward(modulate(encoder, mc[3], mc[4])));
-  out = parallel::rowwise_forward(parallel::RowwiseBatch().add(w.ff_out, fx).add(w.ffc_out, fc));
-  hidden = hidden + m[5].unsqueeze(1) * out[0];
-  encoder = clip_fp16(encoder + mc[5].unsqueeze(1) * out[1]);
+  const at::Tensor fx = nn::gelu_tanh(w.ff_in.forward(mmdit::modulate(hidden, m[3], m[4], kEps)));
+  const at::Tensor fc = nn::gelu_tanh(w.ff_context_in.forward(mmdit::modulate(encoder, mc[3], mc[4], kEps)));
+  out = mmdit::rowwise_pair(w.ff_out, fx, w.ff_context_out, fc);
+  hidden = mmdit::add_gated(hidden, m[5], out.image);
+  encoder = mmdit::clip_fp16(mmdit::add_gated(encoder, mc[5], out.text));
 }
 
 void single_block_forward(const SingleBlockWeights& w, int64_t head_dim, const at::Tensor& mod, const nn::Rope& rope,
@@ -142,15 +107,15 @@ void single_block_forward(const SingleBlockWeights& w, int64_t head_dim, const a
   at::Tensor x = at::cat({encoder, hidden}, 1);
   // AdaLayerNormZeroSingle: shift_msa, scale_msa, gate_msa.
   auto m = mod.chunk(3, 1);
-  at::Tensor n = modulate(x, m[0], m[1]);
-  at::Tensor mlp = nn::gelu_tanh(w.proj_mlp.forward(n));
-  at::Tensor q = nn::apply_rope(heads_of(w.to_q.forward(n), head_dim, &w.norm_q), rope);
-  at::Tensor k = nn::apply_rope(heads_of(w.to_k.forward(n), head_dim, &w.norm_k), rope);
-  at::Tensor v = heads_of(w.to_v.forward(n), head_dim, nullptr);
-  at::Tensor attn = merge_heads(nn::attention(q, k, v, w.to_q.tp().size, attention_chunk));
+  const at::Tensor n = mmdit::modulate(x, m[0], m[1], kEps);
+  const at::Tensor mlp = nn::gelu_tanh(w.proj_mlp.forward(n));
+  const at::Tensor q = mmdit::split_heads(w.to_q.forward(n), head_dim, &w.norm_q, kEps);
+  const at::Tensor k = mmdit::split_heads(w.to_k.forward(n), head_dim, &w.norm_k, kEps);
+  const at::Tensor v = mmdit::split_heads(w.to_v.forward(n), head_dim, nullptr, kEps);
+  const at::Tensor attn = mmdit::rope_attention(q, k, v, rope, w.to_q.tp().size, attention_chunk);
   // proj_out is packed rowwise over [attn (inner), mlp (mlp_hidden)]: this
   // rank's input is its attention heads followed by its mlp slice.
-  x = clip_fp16(x + m[2].unsqueeze(1) * w.proj_out.forward(at::cat({attn, mlp}, 2)));
+  x = mmdit::clip_fp16(mmdit::add_gated(x, m[2], w.proj_out.forward(at::cat({attn, mlp}, 2))));
   encoder = x.narrow(1, 0, txt);
   hidden = x.narrow(1, txt, x.size(1) - txt);
 }

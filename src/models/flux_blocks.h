@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "models/flux_transformer.h"
+#include "models/mmdit_blocks.h"
 #include "models/model_builder.h"
 #include "models/nn_ops.h"
 #include "parallel/parallel_linear.h"
@@ -15,10 +16,9 @@ namespace tprun::models {
 
 struct DoubleBlockWeights {
   parallel::ParallelLinear norm1, norm1_context;  // AdaLayerNormZero modulations
-  parallel::Weight norm_q, norm_k, norm_added_q, norm_added_k;
-  parallel::ParallelLinear to_q, to_k, to_v, add_q, add_k, add_v;  // colwise
-  parallel::ParallelLinear to_out, to_add_out;                      // rowwise
-  parallel::ParallelLinear ff_in, ff_out, ffc_in, ffc_out;          // colwise, rowwise
+  mmdit::JointAttentionWeights attn;
+  parallel::ParallelLinear ff_in, ff_out;                  // ff.net.0.proj (colwise), ff.net.2 (rowwise)
+  parallel::ParallelLinear ff_context_in, ff_context_out;  // ff_context.net.0.proj, ff_context.net.2
 };
 
 struct SingleBlockWeights {
@@ -30,7 +30,8 @@ struct SingleBlockWeights {
 
 struct FluxWeights {
   parallel::ParallelLinear x_embedder, context_embedder;
-  parallel::ParallelLinear t_lin1, t_lin2, g_lin1, g_lin2, p_lin1, p_lin2;
+  // time_text_embed (CombinedTimestep[Guidance]TextProjEmbeddings).
+  mmdit::MlpEmbedder timestep_embedder, guidance_embedder, text_embedder;
   bool has_guidance = false;
   std::vector<DoubleBlockWeights> doubles;
   std::vector<SingleBlockWeights> singles;
@@ -42,7 +43,7 @@ FluxWeights declare_flux(const FluxConfig& config, bool shard_modulation, ModelB
 
 // Block forwards. `mod` / `mod_context`: the block's full (reduced, biased)
 // modulation vectors [B, 6*inner] (single: [B, 3*inner]). `attention_chunk`:
-// ModelOptions::attention_chunk (nn::attention; 0 = one call).
+// MemoryOptions::attention_chunk (nn::attention; 0 = one call).
 void double_block_forward(const DoubleBlockWeights& w, int64_t head_dim, const at::Tensor& mod,
                           const at::Tensor& mod_context, const nn::Rope& rope, at::Tensor& hidden,
                           at::Tensor& encoder, int64_t attention_chunk);

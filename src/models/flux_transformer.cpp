@@ -2,7 +2,6 @@
 // and the top-level forward (embeddings, blocks, norm_out, proj_out).
 #include "models/flux_transformer.h"
 
-
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
@@ -14,9 +13,9 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 
-#include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
 #include "models/flux_blocks.h"
+#include "models/mmdit_blocks.h"
 #include "models/model_config.h"
 #include "models/model_inputs.h"
 #include "models/model_registry.h"
@@ -42,15 +41,7 @@ FluxConfig FluxConfig::from_json(const nlohmann::json& c, const std::string& pat
   f.pooled_dim = config_positive_required(c, "pooled_projection_dim", path, kMaxConfigWidth);
   f.guidance = c.contains("guidance_embeds") && c["guidance_embeds"].is_boolean() && c["guidance_embeds"].get<bool>();
   f.axes_dims_rope = config_int_list_or(c, "axes_dims_rope", path, {16, 56, 56}, 8, 4096);  // diffusers' default
-  int64_t rope_sum = 0;
-  for (int64_t d : f.axes_dims_rope) {
-    if (d % 2 != 0) throw CheckpointError(fmt::format("{}: axes_dims_rope entries must be even and positive", path));
-    rope_sum += d;
-  }
-  if (rope_sum != f.head_dim) {
-    throw CheckpointError(fmt::format("{}: axes_dims_rope sums to {} but attention_head_dim is {}", path, rope_sum,
-                                      f.head_dim));
-  }
+  check_rope_axes(f.axes_dims_rope, f.head_dim, path);
   return f;
 }
 
@@ -65,28 +56,12 @@ std::unique_ptr<FluxTransformer> FluxTransformer::load(checkpoint::WeightSource&
   auto m = std::make_unique<FluxTransformer>();
   const TensorCensus census = census_of(source);
   m->config_ = FluxConfig::from_json(config, config_path, &census);
-  m->tp_ = tp;
-  m->shard_modulation_ = options.shard_modulation;
-  m->attention_chunk_ = nn::checked_attention_chunk(options.memory.attention_chunk);
+  const FluxConfig& c = m->config_;
   auto w = std::make_shared<FluxWeights>();
-  BuiltModel built = build_model(kClass, source, tp, build_options(options, class_skip_patterns()),
-                                 [&](ModelBuilder& b) { *w = declare_flux(m->config_, options.shard_modulation, b); });
-  m->table_ = std::move(built.table);
-  m->bytes_loaded_ = built.bytes_read;
-  m->bytes_stored_ = built.bytes_stored;
+  m->load_weights(kClass, source, tp, options, class_skip_patterns(), {c.heads, c.head_dim, c.layers, c.single_layers},
+                  [&](ModelBuilder& b) { *w = declare_flux(c, options.shard_modulation, b); });
   m->w_ = std::move(w);
-  nn::log_sdpa_attention(kClass, options.device, checkpoint::parse_compute_dtype(options.dtype, "dtype"),
-                         m->config_.heads / tp.size, m->config_.head_dim, false, m->attention_chunk_);
   return m;
-}
-
-int64_t FluxTransformer::all_reduces_per_forward() const {
-  if (tp_.size == 1) return 0;
-  return 2 * config_.layers + config_.single_layers + (shard_modulation_ ? 1 : 0);
-}
-
-TensorMap FluxTransformer::forward(const TensorMap& inputs, Trace* trace) const {
-  return {{"sample", run(inputs, trace)}};
 }
 
 TensorMap FluxTransformer::example_inputs(uint64_t seed) const {
@@ -109,7 +84,9 @@ TensorMap FluxTransformer::example_inputs(uint64_t seed) const {
 at::Tensor FluxTransformer::run(const TensorMap& in, FluxTrace* trace) const {
   const FluxWeights& w = *w_;
   const auto opts = w.x_embedder.weight().get().options();
-  auto to_compute = [&](const at::Tensor& t) { return t.to(opts.device(), opts.dtype().toScalarType()); };
+  const mmdit::ToCompute to_compute = [&](const at::Tensor& t) {
+    return t.to(opts.device(), opts.dtype().toScalarType());
+  };
   auto record = [&](const std::string& name, const at::Tensor& t) {
     if (trace) trace->emplace_back(name, t);
   };
@@ -117,14 +94,13 @@ at::Tensor FluxTransformer::run(const TensorMap& in, FluxTrace* trace) const {
   at::Tensor hidden = w.x_embedder.forward(to_compute(input(in, "hidden_states", 3)));
   record("x_embedder", hidden);
   // timestep / guidance: cast to the compute dtype, then * 1000 (as diffusers).
-  at::Tensor t = to_compute(input(in, "timestep", -1).reshape({-1})) * 1000;
-  at::Tensor temb = w.t_lin2.forward(nn::silu(w.t_lin1.forward(to_compute(nn::timestep_embedding(t, 256, true, 0)))));
+  at::Tensor temb =
+      mmdit::embed_timestep(w.timestep_embedder, input(in, "timestep", -1).reshape({-1}), 256, to_compute);
   check_guidance_input(in, w.has_guidance);
   if (w.has_guidance) {
-    at::Tensor g = to_compute(input(in, "guidance", -1).reshape({-1})) * 1000;
-    temb = temb + w.g_lin2.forward(nn::silu(w.g_lin1.forward(to_compute(nn::timestep_embedding(g, 256, true, 0)))));
+    temb = temb + mmdit::embed_timestep(w.guidance_embedder, input(in, "guidance", -1).reshape({-1}), 256, to_compute);
   }
-  temb = temb + w.p_lin2.forward(nn::silu(w.p_lin1.forward(to_compute(input(in, "pooled_projections", 2)))));
+  temb = temb + w.text_embedder.forward(to_compute(input(in, "pooled_projections", 2)));
   record("time_text_embed", temb);
   at::Tensor encoder = w.context_embedder.forward(to_compute(input(in, "encoder_hidden_states", 3)));
   record("context_embedder", encoder);
@@ -159,21 +135,19 @@ at::Tensor FluxTransformer::run(const TensorMap& in, FluxTrace* trace) const {
   size_t mi = 0;
   for (size_t i = 0; i < w.doubles.size(); ++i) {
     double_block_forward(w.doubles[i], config_.head_dim, modulation(mi), modulation(mi + 1), rope, hidden, encoder,
-                         attention_chunk_);
+                         attention_chunk());
     mi += 2;
     record(fmt::format("transformer_blocks.{}.encoder_hidden_states", i), encoder);
     record(fmt::format("transformer_blocks.{}.hidden_states", i), hidden);
   }
   for (size_t i = 0; i < w.singles.size(); ++i) {
-    single_block_forward(w.singles[i], config_.head_dim, modulation(mi), rope, hidden, encoder, attention_chunk_);
+    single_block_forward(w.singles[i], config_.head_dim, modulation(mi), rope, hidden, encoder, attention_chunk());
     ++mi;
     record(fmt::format("single_transformer_blocks.{}.encoder_hidden_states", i), encoder);
     record(fmt::format("single_transformer_blocks.{}.hidden_states", i), hidden);
   }
 
-  // AdaLayerNormContinuous: (scale, shift) = chunk(linear(silu(temb)), 2).
-  auto ss = w.norm_out.forward(act).chunk(2, 1);
-  hidden = nn::layer_norm(hidden, 1e-6) * (1 + ss[0].unsqueeze(1)) + ss[1].unsqueeze(1);
+  hidden = mmdit::ada_norm_continuous(w.norm_out, act, hidden, 1e-6);
   record("norm_out", hidden);
   at::Tensor sample = w.proj_out.forward(hidden);
   record("proj_out", sample);

@@ -37,7 +37,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/model.h"
+#include "models/mmdit_transformer.h"
 
 namespace tprun::checkpoint {
 class WeightSource;
@@ -65,11 +65,11 @@ using FluxTrace = Trace;
 
 struct FluxWeights;  // flux_blocks.h
 
-class FluxTransformer final : public Model {
+class FluxTransformer final : public MmditTransformer {
  public:
   static constexpr const char* kClass = "FluxTransformer2DModel";
   // Patterns of the modules the diffusers / transformers class keeps in the
-  // compute dtype when weights are stored narrower (its
+  // compute dtype under layerwise casting (its
   // _skip_layerwise_casting_patterns / _keep_in_fp32_modules).
   static std::vector<std::string> class_skip_patterns() { return {"pos_embed", "norm"}; }
 
@@ -84,22 +84,14 @@ class FluxTransformer final : public Model {
   // `sample` [B, S_img, patch^2 * out_channels] in the compute dtype.
   // RequestError naming the input for a missing or mis-shaped input (raised
   // alike on every rank that gets the same inputs).
-  at::Tensor run(const TensorMap& inputs, FluxTrace* trace = nullptr) const;
+  at::Tensor run(const TensorMap& inputs, FluxTrace* trace = nullptr) const override;
 
-  TensorMap forward(const TensorMap& inputs, Trace* trace = nullptr) const override;
   TensorMap example_inputs(uint64_t seed) const override;
-  std::string primary_output() const override { return "sample"; }
-  // See above: 2 * num_layers + num_single_layers (+1 with shard_modulation), 0 at tp 1.
-  int64_t all_reduces_per_forward() const override;
 
   const FluxConfig& config() const { return config_; }
-  // ModelOptions::attention_chunk as loaded (0: one attention call over all queries).
-  int64_t attention_chunk() const { return attention_chunk_; }
 
  private:
   FluxConfig config_;
-  bool shard_modulation_ = false;
-  int64_t attention_chunk_ = 0;  // ModelOptions::attention_chunk
   std::shared_ptr<const FluxWeights> w_;
 };
 

@@ -1,6 +1,6 @@
 #pragma once
-// Random weights for a model table, seeded, the way the reference cases were
-// made (shared/ref/README.md "Weights"), so activations stay O(1):
+// Random weights for a model table, seeded, the way the committed reference cases
+// in tests/data were made, so activations stay O(1):
 //   - embedding tables (TensorKind::Embedding: token / position embeddings,
 //     T5's shared and relative attention bias tables): N(0, 0.02)
 //   - other weights with ndim >= 2: N(0, clamp(1/sqrt(fan_in), 0.02, 0.2)),

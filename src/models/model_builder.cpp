@@ -73,7 +73,7 @@ bool castable_kind(TensorKind k) {
 
 }  // namespace
 
-const std::vector<std::string>& default_storage_skip_patterns() {
+const std::vector<std::string>& default_layerwise_casting_skip_patterns() {
   static const std::vector<std::string> patterns = {"pos_embed", "patch_embed", "norm", "^proj_in$", "^proj_out$"};
   return patterns;
 }
@@ -83,44 +83,45 @@ BuildOptions build_options(const ModelOptions& options, const std::vector<std::s
   b.dtype = options.dtype;
   b.device = options.device;
   b.mode = options.mode;
-  b.storage = options.memory.layerwise_storage;
+  b.layerwise_storage = options.memory.layerwise_storage;
   b.memory = options.memory;
   b.component = options.component;
-  if (!b.storage.empty()) {
-    b.storage_skip = options.memory.layerwise_skip ? *options.memory.layerwise_skip : default_storage_skip_patterns();
-    b.storage_skip.insert(b.storage_skip.end(), class_skip.begin(), class_skip.end());
+  if (!b.layerwise_storage.empty()) {
+    b.layerwise_skip = options.memory.layerwise_skip ? *options.memory.layerwise_skip
+                                                     : default_layerwise_casting_skip_patterns();
+    b.layerwise_skip.insert(b.layerwise_skip.end(), class_skip.begin(), class_skip.end());
   }
   return b;
 }
 
-bool narrow_storage_skipped(const std::string& module, const std::vector<std::string>& patterns) {
+bool layerwise_casting_skipped(const std::string& module, const std::vector<std::string>& patterns) {
   return skipped(module, compile_patterns(patterns));
 }
 
-struct ModelBuilder::Narrow {
+struct ModelBuilder::LayerwiseCasting {
   c10::ScalarType storage;
   c10::ScalarType compute;
   UserPatterns skip;
 };
 
-void ModelBuilder::narrow_storage(const BuildOptions& options) {
-  if (options.storage.empty()) {
-    narrow_.reset();
+void ModelBuilder::enable_layerwise_casting(const BuildOptions& options) {
+  if (options.layerwise_storage.empty()) {
+    casting_.reset();
     return;
   }
-  auto n = std::make_shared<Narrow>();
-  if (options.storage == "float8_e4m3fn") {
-    n->storage = c10::ScalarType::Float8_e4m3fn;
-  } else if (options.storage == "float8_e5m2") {
-    n->storage = c10::ScalarType::Float8_e5m2;
+  auto c = std::make_shared<LayerwiseCasting>();
+  if (options.layerwise_storage == "float8_e4m3fn") {
+    c->storage = c10::ScalarType::Float8_e4m3fn;
+  } else if (options.layerwise_storage == "float8_e5m2") {
+    c->storage = c10::ScalarType::Float8_e5m2;
   } else {
     throw ConfigError(fmt::format("memory.layerwise_casting.storage: '{}' is not float8_e4m3fn or float8_e5m2",
-                                  options.storage),
+                                  options.layerwise_storage),
                       true);
   }
-  n->compute = checkpoint::parse_compute_dtype(options.dtype, "dtype");
-  n->skip = compile_patterns(options.storage_skip);
-  narrow_ = std::move(n);
+  c->compute = checkpoint::parse_compute_dtype(options.dtype, "dtype");
+  c->skip = compile_patterns(options.layerwise_skip);
+  casting_ = std::move(c);
 }
 
 struct ModelBuilder::Placed {
@@ -133,6 +134,76 @@ struct ModelBuilder::Placed {
   std::vector<int> groups;
   c10::ScalarType compute = c10::ScalarType::Undefined;
 };
+
+namespace {
+
+// The offloaded tensors of a load in groups: the groups in first-use order,
+// each group's tensors (indices into the load's names) in load order.
+struct OffloadGroups {
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<size_t>> members;
+  bool disk = false;  // some group lives on disk
+};
+
+OffloadGroups group_offloaded(const memory::ComponentPlacement& placement) {
+  OffloadGroups groups;
+  for (size_t i = 0; i < placement.tensors.size(); ++i) {
+    const auto& p = placement.tensors[i];
+    if (p.tier == memory::Tier::Resident) continue;
+    if (!groups.members.count(p.group)) groups.order.push_back(p.group);
+    groups.members[p.group].push_back(i);
+    groups.disk = groups.disk || p.tier == memory::Tier::Disk;
+  }
+  return groups;
+}
+
+// Where a load's disk groups live and what their bytes depend on besides the
+// checkpoint's contents: the folder is keyed on the settings (runs that
+// differ never share files), each file's fingerprint adds the checkpoint's
+// stamp (a changed checkpoint rewrites the files in place).
+struct DiskLayout {
+  std::string folder, stamp, settings_hash;
+  std::map<std::string, std::string> members;  // group -> its tensors, one line each
+};
+
+DiskLayout disk_layout(const std::string& cls, const parallel::TpContext& tp, const BuildOptions& options,
+                       const std::vector<const TensorSpec*>& specs, const OffloadGroups& groups,
+                       const memory::ComponentPlacement& placement, const checkpoint::WeightSource& source,
+                       const std::string& who) {
+  const memory::MemoryOptions& mem = options.memory;
+  DiskLayout layout;
+  std::string settings = fmt::format("tprun offload v2\n{} tp {}/{}\ndtype {} storage {}\n", cls, tp.rank, tp.size,
+                                     options.dtype, options.layerwise_storage);
+  for (const auto& p : options.layerwise_skip) settings += fmt::format("skip {}:{}\n", p.size(), p);
+  for (const auto& g : groups.order) {
+    const auto& idx = groups.members.at(g);
+    if (placement.tensors[idx.front()].tier != memory::Tier::Disk) continue;
+    std::string lines;
+    for (size_t i : idx) {
+      lines += fmt::format("{} {} {} {}\n", specs[i]->name, checkpoint::shape_string(specs[i]->shape),
+                           checkpoint::shard_style_name(specs[i]->style), specs[i]->dtype);
+    }
+    settings += fmt::format("group {}\n{}", g, lines);
+    layout.members[g] = std::move(lines);
+  }
+  const bool offload_disk = mem.offload.enabled() && mem.offload.to == "disk";
+  const std::string root = offload_disk ? mem.offload.disk_path
+                                        : (!mem.offload_folder.empty() ? mem.offload_folder : mem.offload.disk_path);
+  const std::string key = offload_disk ? "memory.offload.disk_path" : "memory.offload_folder";
+  if (root.empty()) {
+    throw ConfigError(fmt::format("memory.device_map places weights of {} on \"disk\" but no folder is set: give "
+                                  "memory.offload_folder",
+                                  who),
+                      true);
+  }
+  layout.folder = memory::disk_group_folder(root, source.path(), settings, tp.rank, tp.size);
+  memory::check_writable_folder(layout.folder, key);
+  layout.stamp = memory::checkpoint_stamp(source.path());
+  layout.settings_hash = memory::stable_hash(settings);
+  return layout;
+}
+
+}  // namespace
 
 void ModelBuilder::place_weights(const BuildOptions& options, const checkpoint::WeightSource& source) {
   const memory::MemoryOptions& mem = options.memory;
@@ -158,59 +229,16 @@ void ModelBuilder::place_weights(const BuildOptions& options, const checkpoint::
                  "(to = \"disk\" is what cuts host memory here)",
                  who);
   }
-  // Groups in first-use order, their tensors in load order.
-  std::vector<std::string> order;
-  std::map<std::string, std::vector<size_t>> members;
-  bool disk = false;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const auto& p = placement.tensors[i];
-    if (p.tier == memory::Tier::Resident) continue;
-    if (!members.count(p.group)) order.push_back(p.group);
-    members[p.group].push_back(i);
-    disk = disk || p.tier == memory::Tier::Disk;
-  }
-  if (order.empty()) return;
+  const OffloadGroups groups = group_offloaded(placement);
+  if (groups.order.empty()) return;
   auto placed = std::make_shared<Placed>();
   placed->compute = checkpoint::parse_compute_dtype(options.dtype, "dtype");
-  // What the disk groups' bytes depend on besides the checkpoint's contents:
-  // the folder is keyed on it (runs that differ never share files), each
-  // file's fingerprint adds the checkpoint's stamp (a changed checkpoint
-  // rewrites the files in place).
-  std::string settings, settings_hash, folder, stamp;
-  std::map<std::string, std::string> disk_members;  // group -> its tensors, one line each
-  if (disk) {
-    settings = fmt::format("tprun offload v2\n{} tp {}/{}\ndtype {} storage {}\n", table_->cls, tp_.rank, tp_.size,
-                           options.dtype, options.storage);
-    for (const auto& p : options.storage_skip) settings += fmt::format("skip {}:{}\n", p.size(), p);
-    for (const auto& g : order) {
-      if (placement.tensors[members[g].front()].tier != memory::Tier::Disk) continue;
-      std::string lines;
-      for (size_t i : members[g]) {
-        lines += fmt::format("{} {} {} {}\n", specs[i]->name, checkpoint::shape_string(specs[i]->shape),
-                             checkpoint::shard_style_name(specs[i]->style), specs[i]->dtype);
-      }
-      settings += fmt::format("group {}\n{}", g, lines);
-      disk_members[g] = std::move(lines);
-    }
-    const bool offload_disk = mem.offload.enabled() && mem.offload.to == "disk";
-    const std::string root = offload_disk ? mem.offload.disk_path
-                                          : (!mem.offload_folder.empty() ? mem.offload_folder : mem.offload.disk_path);
-    const std::string key = offload_disk ? "memory.offload.disk_path" : "memory.offload_folder";
-    if (root.empty()) {
-      throw ConfigError(fmt::format("memory.device_map places weights of {} on \"disk\" but no folder is set: give "
-                                    "memory.offload_folder",
-                                    who),
-                        true);
-    }
-    folder = memory::disk_group_folder(root, source.path(), settings, tp_.rank, tp_.size);
-    memory::check_writable_folder(folder, key);
-    stamp = memory::checkpoint_stamp(source.path());
-    settings_hash = memory::stable_hash(settings);
-  }
+  const DiskLayout disk =
+      groups.disk ? disk_layout(table_->cls, tp_, options, specs, groups, placement, source, who) : DiskLayout{};
   auto& offloader = memory::GroupOffloader::instance();
   uint64_t reused_bytes = 0;
-  for (const auto& g : order) {
-    const auto& idx = members[g];
+  for (const auto& g : groups.order) {
+    const auto& idx = groups.members.at(g);
     memory::GroupSpec spec;
     spec.label = fmt::format("{} {}", who, g);
     spec.tier = placement.tensors[idx.front()].tier;
@@ -218,9 +246,9 @@ void ModelBuilder::place_weights(const BuildOptions& options, const checkpoint::
     spec.prefetch = mem.offload.prefetch;
     for (size_t i : idx) spec.names.push_back(names[i]);
     if (spec.tier == memory::Tier::Disk) {
-      spec.fingerprint =
-          memory::stable_hash(fmt::format("{}\n{}\ngroup {}\n{}", stamp, settings_hash, g, disk_members[g]));
-      spec.file = (std::filesystem::path(folder) / memory::disk_group_file(g)).string();
+      spec.fingerprint = memory::stable_hash(
+          fmt::format("{}\n{}\ngroup {}\n{}", disk.stamp, disk.settings_hash, g, disk.members.at(g)));
+      spec.file = (std::filesystem::path(disk.folder) / memory::disk_group_file(g)).string();
     }
     const int id = offloader.add_group(std::move(spec));
     placed->groups.push_back(id);
@@ -231,7 +259,7 @@ void ModelBuilder::place_weights(const BuildOptions& options, const checkpoint::
     for (size_t k = 0; k < idx.size(); ++k) placed->entries[names[idx[k]]] = {id, k};
   }
   spdlog::info("{}: {} of {} tensors in {} offload groups{}{}", who, placed->entries.size(), names.size(),
-               order.size(), disk ? fmt::format(" (disk: {})", folder) : std::string(),
+               groups.order.size(), groups.disk ? fmt::format(" (disk: {})", disk.folder) : std::string(),
                placed->reusable.empty()
                    ? std::string()
                    : fmt::format("; {} groups ({} bytes) reused from disk, not read again", placed->reusable.size(),
@@ -294,21 +322,21 @@ parallel::Weight ModelBuilder::load(const TensorSpec& spec) {
   at::Tensor t = spec.dtype.empty() ? loader_->load(spec.name, request)
                                     : loader_->load_as(spec.name, request, spec.dtype);
   std::shared_ptr<parallel::WeightStorage> storage;
-  if (narrow_ && spec.dtype.empty() && t.scalar_type() == narrow_->compute) {
+  if (casting_ && spec.dtype.empty() && t.scalar_type() == casting_->compute) {
     const std::string module = module_of(spec.name);
     bool layer = castable_kind(spec.kind);
     if (!layer && spec.kind == TensorKind::Bias) {  // the bias of a Linear / Conv (diffusers casts the module)
       const TensorSpec* w = table_->find(module + ".weight");
       layer = w && castable_kind(w->kind);
     }
-    if (layer && !skipped(module, narrow_->skip)) {
+    if (layer && !skipped(module, casting_->skip)) {
       // This slice alone, as it arrives: the full-precision copy is dropped here.
-      at::Tensor stored = t.to(narrow_->storage);
-      narrowed_from_ += static_cast<uint64_t>(t.nbytes());
+      at::Tensor stored = t.to(casting_->storage);
+      cast_compute_bytes_ += static_cast<uint64_t>(t.nbytes());
       t = stored;
-      narrowed_to_ += static_cast<uint64_t>(stored.nbytes());
-      ++narrowed_;
-      if (!placed) storage = parallel::cast_storage(stored, narrow_->compute);
+      cast_storage_bytes_ += static_cast<uint64_t>(stored.nbytes());
+      ++cast_tensors_;
+      if (!placed) storage = parallel::layerwise_cast_storage(stored, casting_->compute);
     }
   }
   if (placed) {
@@ -434,7 +462,7 @@ BuiltModel build_model(const std::string& cls, checkpoint::WeightSource& source,
   checkpoint::ShardLoader loader(source, lopts);
   const uint64_t before = loader.bytes_read();
   ModelBuilder b(built.table, loader, tp, options.wanted);
-  b.narrow_storage(options);
+  b.enable_layerwise_casting(options);
   const auto offload_before = memory::GroupOffloader::instance().stats();
   b.place_weights(options, source);
   declare(b);
@@ -451,11 +479,11 @@ BuiltModel build_model(const std::string& cls, checkpoint::WeightSource& source,
   }
   built.bytes_read = loader.bytes_read() - before;
   built.bytes_stored = b.bytes_stored();
-  if (!options.storage.empty()) {
+  if (!options.layerwise_storage.empty()) {
     spdlog::info("{}: {} tensors (Linear / Conv / Embedding weights and biases) stored in {}: {} -> {} bytes; "
                  "resident weights {} bytes this rank",
-                 cls, b.narrowed(), options.storage, b.narrowed_from_bytes(),
-                 b.narrowed_to_bytes(), built.bytes_stored);
+                 cls, b.cast_tensors(), options.layerwise_storage, b.cast_bytes_in_compute_dtype(),
+                 b.cast_bytes_in_storage_dtype(), built.bytes_stored);
   }
   if (b.bytes_offloaded() > 0) {
     spdlog::info("{}: {} bytes offloaded off the compute device, {} bytes resident this rank", cls,

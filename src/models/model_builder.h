@@ -91,11 +91,12 @@ class ModelBuilder {
                LoadFilter wanted = {});
 
   bool recording() const { return loader_ == nullptr; }
-  // Loading: keep the parameters of Linear, Conv and Embedding layers (weight
-  // and bias) in `options.storage`, up-cast per use, unless their module is
-  // skipped (narrow_storage_skipped) or declared to keep a dtype. Patterns
-  // compiled here (ConfigError for one that is not a regex).
-  void narrow_storage(const BuildOptions& options);
+  // Loading: layerwise casting (diffusers' enable_layerwise_casting): keep
+  // the parameters of Linear, Conv and Embedding layers (weight and bias) in
+  // the storage dtype `options.layerwise_storage`, up-cast per use, unless
+  // their module is skipped (layerwise_casting_skipped) or declared to keep a
+  // dtype. Patterns compiled here (ConfigError for one that is not a regex).
+  void enable_layerwise_casting(const BuildOptions& options);
   // Loading: place the wanted tensors of the table under options.memory's
   // offload and device map (memory/offload_plan.h) before any is read: the
   // offloaded ones are kept in groups by memory::GroupOffloader, a disk group
@@ -104,11 +105,12 @@ class ModelBuilder {
   // cannot be written.
   void place_weights(const BuildOptions& options, const checkpoint::WeightSource& source);
   // Loading: resident bytes of the weights loaded so far; of them, the
-  // tensors kept narrow and the bytes they would take in the compute dtype.
+  // tensors kept in the storage dtype by layerwise casting, the bytes they
+  // would take in the compute dtype and the bytes they take stored.
   uint64_t bytes_stored() const { return bytes_stored_; }
-  int64_t narrowed() const { return narrowed_; }
-  uint64_t narrowed_from_bytes() const { return narrowed_from_; }
-  uint64_t narrowed_to_bytes() const { return narrowed_to_; }
+  int64_t cast_tensors() const { return cast_tensors_; }
+  uint64_t cast_bytes_in_compute_dtype() const { return cast_compute_bytes_; }
+  uint64_t cast_bytes_in_storage_dtype() const { return cast_storage_bytes_; }
   uint64_t bytes_offloaded() const { return bytes_offloaded_; }
 
   // A Linear `name` (a module; ".weight" [out, in] and, with d.bias,
@@ -145,15 +147,15 @@ class ModelBuilder {
   parallel::TpContext tp_;
   LoadFilter wanted_;
   size_t declared_ = 0;
-  struct Narrow;
-  std::shared_ptr<const Narrow> narrow_;
+  struct LayerwiseCasting;
+  std::shared_ptr<const LayerwiseCasting> casting_;
   struct Placed;
   std::shared_ptr<Placed> placed_;
   uint64_t bytes_offloaded_ = 0;
   uint64_t bytes_stored_ = 0;
-  int64_t narrowed_ = 0;
-  uint64_t narrowed_from_ = 0;
-  uint64_t narrowed_to_ = 0;
+  int64_t cast_tensors_ = 0;
+  uint64_t cast_compute_bytes_ = 0;
+  uint64_t cast_storage_bytes_ = 0;
 };
 
 struct BuildOptions {
@@ -161,11 +163,12 @@ struct BuildOptions {
   std::string device = "cpu";
   checkpoint::LoadMode mode = checkpoint::LoadMode::ShardOnLoad;
   LoadFilter wanted;  // see LoadFilter
-  // Narrow storage (ModelOptions::layerwise_storage): "" = off,
-  // "float8_e4m3fn" | "float8_e5m2". `storage_skip`: the patterns in force
-  // (RE2 regexes searched over module names, see narrow_storage_skipped).
-  std::string storage;
-  std::vector<std::string> storage_skip;
+  // Layerwise casting (ModelOptions::memory.layerwise_storage): the storage
+  // dtype, "" = off, "float8_e4m3fn" | "float8_e5m2". `layerwise_skip`: the
+  // patterns in force (RE2 regexes searched over module names, see
+  // layerwise_casting_skipped).
+  std::string layerwise_storage;
+  std::vector<std::string> layerwise_skip;
   // Offload and device map ([memory] offload, device_map with component-
   // relative entries, offload_folder); `component` names the component in
   // messages ("transformer"; "" outside a pipeline).
@@ -174,7 +177,7 @@ struct BuildOptions {
 };
 
 // diffusers' hooks/layerwise_casting.py DEFAULT_SKIP_MODULES_PATTERN.
-const std::vector<std::string>& default_storage_skip_patterns();
+const std::vector<std::string>& default_layerwise_casting_skip_patterns();
 
 // The BuildOptions of a load with `options`. `class_skip`: the patterns the
 // family's diffusers class adds (its _skip_layerwise_casting_patterns), data
@@ -187,7 +190,7 @@ BuildOptions build_options(const ModelOptions& options, const std::vector<std::s
 // pattern re.search-matches its name or the name of a module enclosing it
 // ("", "transformer_blocks", "transformer_blocks.0", ...). ConfigError naming
 // memory.layerwise_casting.skip and the pattern for one that is not a regex.
-bool narrow_storage_skipped(const std::string& module, const std::vector<std::string>& patterns);
+bool layerwise_casting_skipped(const std::string& module, const std::vector<std::string>& patterns);
 
 // The table of a construction, recorded without touching a checkpoint.
 ModelTable record_table(const std::string& cls, const std::function<void(ModelBuilder&)>& declare);

@@ -56,7 +56,7 @@ at::Tensor apply_rope(const at::Tensor& x, const Rope& rope);
 // Every attention of the models goes through libtorch's
 // scaled_dot_product_attention (the text encoders T5 and CLIP through the
 // eager matmul / softmax transformers runs for them), optionally with the
-// queries in chunks (ModelOptions::attention_chunk): chunk = N > 0 splits the
+// queries in chunks (MemoryOptions::attention_chunk): chunk = N > 0 splits the
 // queries into consecutive runs of at most N tokens along the sequence dim,
 // each attending to all keys / values, and writes each run's output into its
 // rows of the result. Softmax is per query row, so this is exact up to the
@@ -65,10 +65,10 @@ at::Tensor apply_rope(const at::Tensor& x, const Rope& rope);
 // N x S_k per head. chunk = 0 (or >= S_q): one call over all queries, the
 // same call as without the option.
 
-// The largest ModelOptions::attention_chunk accepted.
+// The largest MemoryOptions::attention_chunk accepted.
 constexpr int64_t kMaxAttentionChunk = memory::kMaxAttentionChunk;
 
-// ModelOptions::attention_chunk checked (the one place the models validate
+// MemoryOptions::attention_chunk checked (the one place the models validate
 // it): ConfigError (raised alike on every rank) for a value outside
 // [0, kMaxAttentionChunk]. Returns it.
 int64_t checked_attention_chunk(int64_t chunk);

@@ -112,7 +112,7 @@ struct T5Weights {
   parallel::Weight relative_bias;  // [buckets, H], whole on every rank
   std::vector<T5BlockWeights> blocks;
   parallel::Weight final_ln;
-  int64_t attention_chunk = 0;  // ModelOptions::attention_chunk (nn::over_query_chunks; 0 = all at once)
+  int64_t attention_chunk = 0;  // MemoryOptions::attention_chunk (nn::over_query_chunks; 0 = all at once)
 };
 
 namespace {

@@ -58,7 +58,7 @@ struct VaeWeights {
   VaeCoderWeights encoder, decoder;
   Affine quant_conv, post_quant_conv;  // weight null when absent
   parallel::Weight bn_mean, bn_var;    // AutoencoderKLFlux2's latent statistics [4 * latent_channels]
-  int64_t attention_chunk = 0;         // ModelOptions::attention_chunk, for the mid-block attentions
+  int64_t attention_chunk = 0;         // MemoryOptions::attention_chunk, for the mid-block attentions
 };
 
 // Declarations (module order as diffusers' state_dict).

@@ -19,9 +19,9 @@ class ResidentStorage final : public WeightStorage {
   at::Tensor tensor_;
 };
 
-class CastStorage final : public WeightStorage {
+class LayerwiseCastStorage final : public WeightStorage {
  public:
-  CastStorage(at::Tensor stored, c10::ScalarType compute) : stored_(std::move(stored)), compute_(compute) {}
+  LayerwiseCastStorage(at::Tensor stored, c10::ScalarType compute) : stored_(std::move(stored)), compute_(compute) {}
   at::Tensor get() const override { return stored_.to(compute_); }
   uint64_t stored_bytes() const override { return static_cast<uint64_t>(stored_.nbytes()); }
 
@@ -51,8 +51,8 @@ std::shared_ptr<WeightStorage> offloaded_storage(int group, size_t index, c10::S
   return std::make_shared<OffloadedStorage>(group, index, compute);
 }
 
-std::shared_ptr<WeightStorage> cast_storage(const at::Tensor& stored, c10::ScalarType compute) {
-  return std::make_shared<CastStorage>(stored, compute);
+std::shared_ptr<WeightStorage> layerwise_cast_storage(const at::Tensor& stored, c10::ScalarType compute) {
+  return std::make_shared<LayerwiseCastStorage>(stored, compute);
 }
 
 std::shared_ptr<WeightStorage> resident_storage(const at::Tensor& tensor) {

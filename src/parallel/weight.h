@@ -2,8 +2,9 @@
 // One parameter as a layer holds it: this rank's slice of a stored tensor,
 // kept by a WeightStorage and handed to compute in the compute dtype on the
 // compute device. The storage is the seam where other ways of keeping weights
-// (fp8 with an up-cast per use, offload to host or disk) slot in without the
-// models knowing (vLLM's LinearMethodBase: create_weights / apply).
+// (layerwise casting: a storage dtype with an up-cast per use; offload to
+// host or disk) slot in without the models knowing (vLLM's LinearMethodBase:
+// create_weights / apply).
 
 #include <cstdint>
 #include <memory>
@@ -29,14 +30,16 @@ class WeightStorage {
 
 // Keeps the tensor as given (already in the compute dtype, on the device).
 std::shared_ptr<WeightStorage> resident_storage(const at::Tensor& tensor);
-// Keeps `stored` (a narrower dtype, e.g. fp8, on the compute device) and hands
-// compute a fresh `stored.to(compute)` at every get(): the up-cast copy lives
-// only as long as the caller holds it (diffusers' LayerwiseCastingHook).
-std::shared_ptr<WeightStorage> cast_storage(const at::Tensor& stored, c10::ScalarType compute);
+// Layerwise casting: keeps `stored` (in the storage dtype, e.g. fp8, on the
+// compute device) and hands compute a fresh `stored.to(compute)` at every
+// get(): the up-cast copy lives only as long as the caller holds it
+// (diffusers' LayerwiseCastingHook).
+std::shared_ptr<WeightStorage> layerwise_cast_storage(const at::Tensor& stored, c10::ScalarType compute);
 // Tensor `index` of offload group `group` (memory/group_offloader.h): off the
 // compute device between uses, brought in by get() with its group; keeps
-// nothing resident. `compute`: up-cast per use as cast_storage does (fp8
-// storage with offload), or c10::ScalarType::Undefined to hand it as stored.
+// nothing resident. `compute`: up-cast per use as layerwise_cast_storage does
+// (layerwise casting with offload), or c10::ScalarType::Undefined to hand it
+// as stored.
 std::shared_ptr<WeightStorage> offloaded_storage(int group, size_t index, c10::ScalarType compute);
 
 class Weight {

@@ -43,11 +43,6 @@ at::Tensor flux2_unpatchify(const at::Tensor& x) {
   return x.reshape({b, c, 2, 2, h, w}).permute({0, 1, 4, 2, 5, 3}).reshape({b, c, 2 * h, 2 * w});
 }
 
-at::Tensor flux2_patchify(const at::Tensor& x) {
-  const int64_t b = x.size(0), c = x.size(1), h = x.size(2) / 2, w = x.size(3) / 2;
-  return x.view({b, c, h, 2, w, 2}).permute({0, 1, 3, 5, 2, 4}).reshape({b, 4 * c, h, w});
-}
-
 at::Tensor flux2_image_ids(int64_t h, int64_t w, c10::Device device) {
   std::vector<float> ids(static_cast<size_t>(h * w * 4), 0.0f);
   for (int64_t r = 0; r < h; ++r) {

@@ -28,9 +28,8 @@ double compute_empirical_mu(int64_t image_seq_len, int64_t num_steps);
 at::Tensor flux2_pack(const at::Tensor& latents);
 // [B, h*w, C] -> [B, C, h, w]. Internal error when the token count is not h*w.
 at::Tensor flux2_unpack(const at::Tensor& packed, int64_t h, int64_t w);
-// [B, 4C, h, w] -> [B, C, 2h, 2w] (_unpatchify_latents) and back (_patchify_latents).
+// [B, 4C, h, w] -> [B, C, 2h, 2w] (_unpatchify_latents).
 at::Tensor flux2_unpatchify(const at::Tensor& latents);
-at::Tensor flux2_patchify(const at::Tensor& latents);
 
 // [h*w, 4] ids (0, row, col, 0); [length, 4] text ids (0, 0, 0, l). float32 on `device`.
 at::Tensor flux2_image_ids(int64_t h, int64_t w, c10::Device device = c10::Device(c10::kCPU));

@@ -16,6 +16,7 @@
 #include "models/flux2_transformer.h"
 #include "models/model_config.h"
 #include "pipelines/batch_stages.h"
+#include "pipelines/family_steps.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "pipelines/flux2_latents.h"
 #include "text/chat_template.h"
@@ -30,13 +31,9 @@ namespace tprun::pipelines {
 
 using Clock = std::chrono::steady_clock;
 
-struct Flux2Pipeline::Impl {
-  std::string folder, cls;
+struct Flux2Pipeline::Impl : PipelineRuntime {
+  std::string cls;
   bool klein = false, distilled = false;
-  std::string dtype_name;
-  c10::ScalarType dtype = at::kFloat;
-  c10::Device device{c10::kCPU};
-  parallel::TpContext tp;
   FlowMatchSchedulerConfig scheduler;
   std::unique_ptr<models::Flux2Transformer> transformer;
   std::unique_ptr<models::DecoderTextEncoder> text_encoder;
@@ -45,21 +42,9 @@ struct Flux2Pipeline::Impl {
   int64_t vae_scale_factor = 8;
   int64_t in_channels = 128;
   int64_t joint_dim = 0;
-  uint64_t bytes = 0;
-  std::shared_ptr<PromptCache> cache = std::make_shared<PromptCache>();
 };
 
 namespace {
-
-const checkpoint::PipelineComponent& component(const checkpoint::PipelineFolder& f, const std::string& name) {
-  const auto* c = f.find(name);
-  if (!c) {
-    throw CheckpointError(fmt::format("{}: model_index.json names no '{}' component (a {} needs it)", f.path, name,
-                                      f.cls),
-                          true);
-  }
-  return *c;
-}
 
 // The text encoder layers each pipeline stacks (text_encoder_out_layers).
 std::vector<int64_t> stacked_layers(bool klein) {
@@ -95,16 +80,112 @@ bool model_index_bool(const checkpoint::PipelineFolder& pf, const std::string& f
   return models::config_bool_or(pf.index, field, pf.path + "/model_index.json", false);
 }
 
+// The configs every load reads before any weight byte.
+struct Flux2Configs {
+  nlohmann::json transformer, vae, text_encoder;
+  std::string transformer_path, vae_path, text_encoder_path;
+  models::Flux2Config flux2;
+};
+
+// The transformer, VAE and scheduler configs, checked against each other and the pipeline class.
+Flux2Configs read_flux2_configs(const checkpoint::PipelineFolder& pf, const PipelineOptions& options,
+                                Flux2Pipeline::Impl& m) {
+  Flux2Configs c;
+  c.transformer = models::read_component_config(need_component(pf, "transformer").path, &c.transformer_path);
+  c.vae = models::read_component_config(need_component(pf, "vae").path, &c.vae_path);
+  c.flux2 = models::Flux2Config::from_json(c.transformer, c.transformer_path);
+  const auto vcfg = models::VaeConfig::from_json(c.vae, c.vae_path);
+  if (!vcfg.flux2) {
+    throw CheckpointError(fmt::format("{}: a {} needs an AutoencoderKLFlux2 VAE, not {}", c.vae_path, pf.cls,
+                                      vcfg.cls),
+                          true);
+  }
+  m.vae_scale_factor = vcfg.scale_factor();
+  check_vae_tiles(options.component_base.memory, vcfg.scale_factor(), vcfg.sample_size, c.vae_path);
+  m.in_channels = c.flux2.in_channels;
+  m.joint_dim = c.flux2.joint_dim;
+  check_packed_channels(c.flux2.in_channels, c.transformer_path, vcfg.latent_channels, c.vae_path);
+  if (!m.klein && !c.flux2.guidance) {
+    throw CheckpointError(
+        fmt::format("{}: a Flux2Pipeline (dev) transformer needs guidance_embeds", c.transformer_path), true);
+  }
+  m.scheduler = FlowMatchSchedulerConfig::from_file(need_component(pf, "scheduler").path + "/scheduler_config.json");
+  return c;
+}
+
+// The text encoder's config against the transformer's and the stacked
+// layers, and its tokenizer with the chat template the pipeline renders.
+void read_text_encoder_config(const checkpoint::PipelineFolder& pf, const std::vector<int64_t>& layers,
+                              Flux2Configs& c, Flux2Pipeline::Impl& m) {
+  c.text_encoder = models::read_component_config(need_component(pf, "text_encoder").path, &c.text_encoder_path);
+  const auto ecfg = models::DecoderConfig::from_json(c.text_encoder, c.text_encoder_path);
+  if (3 * ecfg.hidden_size != c.flux2.joint_dim) {
+    throw CheckpointError(fmt::format("{}: joint_attention_dim {} is not 3 x the text encoder's hidden_size {} ({})",
+                                      c.transformer_path, c.flux2.joint_dim, ecfg.hidden_size, c.text_encoder_path),
+                          true);
+  }
+  if (ecfg.layers < layers.back()) {
+    throw CheckpointError(fmt::format("{}: the text encoder has {} layers; the {} stacks hidden states {}, {}, {}",
+                                      c.text_encoder_path, ecfg.layers, pf.cls, layers[0], layers[1], layers[2]),
+                          true);
+  }
+  // The tokenizer class model_index.json names (Qwen2TokenizerFast, PixtralProcessor) decides what
+  // is read; the chat template must be one tprun knows (checked here, before any weight).
+  const auto& tok = need_component(pf, "tokenizer");
+  m.tokenizer = std::make_unique<text::HfTokenizer>(text::HfTokenizer::load(tok.path, tok.cls));
+  check_template_kind(*m.tokenizer, m.klein, pf.cls);
+  if (m.tokenizer->vocab_size() > ecfg.vocab_size) {
+    throw CheckpointError(fmt::format("{}: the tokenizer has {} tokens but the text encoder's vocab_size is {} ({})",
+                                      tok.path, m.tokenizer->vocab_size(), ecfg.vocab_size, c.text_encoder_path),
+                          true);
+  }
+}
+
+// Every TP plan checked for this tp before any weight byte is read (the text
+// encoder's KV heads when it is sharded, the transformer's heads).
+void validate_flux2_tp(const Flux2Configs& c, const std::vector<int64_t>& layers, bool shard_text,
+                       const PipelineOptions& options, const parallel::TpContext& tp) {
+  if (options.text_encoders && shard_text) {
+    models::ModelOptions o;
+    o.hidden_layers = layers;
+    models::validate_tp_size(models::DecoderTextEncoder::table_for(
+                                 models::DecoderConfig::from_json(c.text_encoder, c.text_encoder_path), o),
+                             tp.size, c.text_encoder_path);
+  }
+  models::ModelOptions o;
+  o.shard_modulation = options.shard_modulation;
+  models::validate_tp_size(models::Flux2Transformer::table_for(c.flux2, o), tp.size, c.transformer_path);
+}
+
+// The weights: the transformer over the TP group, the text encoder over it
+// too unless `shard_text` is off, the VAE's decoder where it decodes.
+void load_flux2_components(const checkpoint::PipelineFolder& pf, const Flux2Configs& c,
+                           const std::vector<int64_t>& layers, bool shard_text, const PipelineOptions& options,
+                           Flux2Pipeline::Impl& m) {
+  {
+    auto source = checkpoint::open_weight_source(need_component(pf, "transformer").path, options.variant);
+    models::ModelOptions o = component_options(options, "transformer");
+    o.shard_modulation = options.shard_modulation;
+    m.transformer = models::Flux2Transformer::load(*source, c.transformer, c.transformer_path, m.tp, o);
+    m.bytes += m.transformer->bytes_loaded();
+  }
+  if (options.text_encoders) {
+    auto source = checkpoint::open_weight_source(need_component(pf, "text_encoder").path, options.variant);
+    models::ModelOptions o = component_options(options, "text_encoder");
+    o.hidden_layers = layers;
+    const parallel::TpContext etp = shard_text ? m.tp : parallel::TpContext{};
+    m.text_encoder = models::DecoderTextEncoder::load(*source, c.text_encoder, c.text_encoder_path, etp, o);
+    m.bytes += m.text_encoder->bytes_loaded();
+  }
+  m.vae = load_vae_decoder(need_component(pf, "vae"), c.vae, c.vae_path, options, m);
+}
+
 }  // namespace
 
 std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, const parallel::TpContext& tp,
                                                    const PipelineOptions& options) {
   auto impl = std::make_shared<Impl>();
-  impl->folder = folder;
-  impl->dtype_name = options.dtype;
-  impl->dtype = checkpoint::parse_compute_dtype(options.dtype, "dtype");
-  impl->device = c10::Device(options.device);
-  impl->tp = tp;
+  impl->init(folder, tp, options);
   const auto pf = checkpoint::open_pipeline_folder(folder);
   check_pipeline_components(pf);
   impl->cls = pf.cls;
@@ -112,93 +193,12 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
   impl->distilled = impl->klein && model_index_bool(pf, "is_distilled");
 
   // Configs first: every cross-component check before any weight byte is read.
-  std::string tpath, vpath, epath;
-  const auto tconf = models::read_component_config(component(pf, "transformer").path, &tpath);
-  const auto vconf = models::read_component_config(component(pf, "vae").path, &vpath);
-  const auto tcfg = models::Flux2Config::from_json(tconf, tpath);
-  const auto vcfg = models::VaeConfig::from_json(vconf, vpath);
-  if (!vcfg.flux2) {
-    throw CheckpointError(fmt::format("{}: a {} needs an AutoencoderKLFlux2 VAE, not {}", vpath, pf.cls, vcfg.cls), true);
-  }
-  impl->vae_scale_factor = vcfg.scale_factor();
-  check_vae_tiles(options.component_base.memory, vcfg.scale_factor(), vcfg.sample_size, vpath);
-  impl->in_channels = tcfg.in_channels;
-  impl->joint_dim = tcfg.joint_dim;
-  if (tcfg.in_channels != 4 * vcfg.latent_channels) {
-    throw CheckpointError(fmt::format("{}: in_channels {} is not 4 x the VAE's latent_channels {} ({})", tpath,
-                                      tcfg.in_channels, vcfg.latent_channels, vpath),
-                          true);
-  }
-  if (!impl->klein && !tcfg.guidance) {
-    throw CheckpointError(fmt::format("{}: a Flux2Pipeline (dev) transformer needs guidance_embeds", tpath), true);
-  }
-  impl->scheduler = FlowMatchSchedulerConfig::from_file(component(pf, "scheduler").path + "/scheduler_config.json");
-
+  Flux2Configs configs = read_flux2_configs(pf, options, *impl);
   const std::vector<int64_t> layers = stacked_layers(impl->klein);
-  nlohmann::json econf;
-  if (options.text_encoders) {
-    econf = models::read_component_config(component(pf, "text_encoder").path, &epath);
-    const auto ecfg = models::DecoderConfig::from_json(econf, epath);
-    if (3 * ecfg.hidden_size != tcfg.joint_dim) {
-      throw CheckpointError(fmt::format("{}: joint_attention_dim {} is not 3 x the text encoder's hidden_size {} ({})",
-                                        tpath, tcfg.joint_dim, ecfg.hidden_size, epath),
-                            true);
-    }
-    if (ecfg.layers < layers.back()) {
-      throw CheckpointError(fmt::format("{}: the text encoder has {} layers; the {} stacks hidden states {}, {}, {}",
-                                        epath, ecfg.layers, pf.cls, layers[0], layers[1], layers[2]),
-                            true);
-    }
-    // The tokenizer class model_index.json names (Qwen2TokenizerFast, PixtralProcessor) decides what
-    // is read; the chat template must be one tprun knows (checked here, before any weight).
-    const auto& tok = component(pf, "tokenizer");
-    impl->tokenizer = std::make_unique<text::HfTokenizer>(text::HfTokenizer::load(tok.path, tok.cls));
-    check_template_kind(*impl->tokenizer, impl->klein, pf.cls);
-    if (impl->tokenizer->vocab_size() > ecfg.vocab_size) {
-      throw CheckpointError(fmt::format("{}: the tokenizer has {} tokens but the text encoder's vocab_size is {} ({})",
-                                        component(pf, "tokenizer").path, impl->tokenizer->vocab_size(),
-                                        ecfg.vocab_size, epath),
-                            true);
-    }
-  }
-
-  // Every TP plan checked for this tp before any weight byte is read (the text
-  // encoder's KV heads, the transformer's heads).
+  if (options.text_encoders) read_text_encoder_config(pf, layers, configs, *impl);
   const bool shard_text = options.shard_text_encoders.value_or(true);
-  if (options.text_encoders && shard_text) {
-    models::ModelOptions o;
-    o.hidden_layers = layers;
-    models::validate_tp_size(models::DecoderTextEncoder::table_for(models::DecoderConfig::from_json(econf, epath), o),
-                             tp.size, epath);
-  }
-  {
-    models::ModelOptions o;
-    o.shard_modulation = options.shard_modulation;
-    models::validate_tp_size(models::Flux2Transformer::table_for(tcfg, o), tp.size, tpath);
-  }
-
-  {
-    auto source = checkpoint::open_weight_source(component(pf, "transformer").path, options.variant);
-    models::ModelOptions o = component_options(options, "transformer");
-    o.shard_modulation = options.shard_modulation;
-    impl->transformer = models::Flux2Transformer::load(*source, tconf, tpath, tp, o);
-    impl->bytes += impl->transformer->bytes_loaded();
-  }
-  if (options.text_encoders) {
-    auto source = checkpoint::open_weight_source(component(pf, "text_encoder").path, options.variant);
-    models::ModelOptions o = component_options(options, "text_encoder");
-    o.hidden_layers = layers;
-    const parallel::TpContext etp = shard_text ? tp : parallel::TpContext{};
-    impl->text_encoder = models::DecoderTextEncoder::load(*source, econf, epath, etp, o);
-    impl->bytes += impl->text_encoder->bytes_loaded();
-  }
-  if (options.decode_on_every_rank || tp.rank == 0) {
-    auto source = checkpoint::open_weight_source(component(pf, "vae").path, options.variant);
-    models::ModelOptions o = component_options(options, "vae");
-    o.part = "decoder";
-    impl->vae = models::AutoencoderKL::load(*source, vconf, vpath, {}, o);
-    impl->bytes += impl->vae->bytes_loaded();
-  }
+  validate_flux2_tp(configs, layers, shard_text, options, tp);
+  load_flux2_components(pf, configs, layers, shard_text, options, *impl);
   auto p = std::make_unique<Flux2Pipeline>();
   p->impl_ = std::move(impl);
   return p;
@@ -229,14 +229,8 @@ void Flux2Pipeline::check_request(const GenerationRequest& request) const {
   const Impl& m = *impl_;
   const GenerationRequest r = with_defaults(request);
   check_image_size(*r.height, *r.width, m.vae_scale_factor);
-  if (*r.steps < 1) throw RequestError(fmt::format("steps must be at least 1, got {}", *r.steps), true);
-  if (*r.steps > 10000) throw RequestError(fmt::format("steps {} is beyond the limit of 10000", *r.steps), true);
-  if (!std::isfinite(*r.guidance)) throw RequestError("guidance must be a finite number", true);
-  if (*r.max_sequence_length < 1 || *r.max_sequence_length > 512) {
-    throw RequestError(fmt::format("max_sequence_length must be in [1, 512] ({}'s limit), got {}", m.cls,
-                                   *r.max_sequence_length),
-                       true);
-  }
+  check_steps_and_guidance(r);
+  check_max_sequence_length(r, m.cls, 512);
   if (*r.true_cfg_scale != 1.0) {
     throw RequestError(fmt::format("true_cfg_scale is a FluxPipeline option; {} has none ({})", m.cls,
                                    m.klein ? "klein's CFG scale is `guidance`" : "dev uses distilled guidance"),
@@ -286,88 +280,114 @@ models::TensorMap Flux2Pipeline::encode_prompt(const std::string& prompt, int64_
   return out;
 }
 
+namespace {
+
+// The batch's prompt embeddings (and the negative ones under true CFG),
+// each prompt encoded alone (as generate() would) or taken as given, then stacked.
+struct Flux2Prompts {
+  at::Tensor embeds, negative_embeds;
+};
+
+Flux2Prompts encode_batch(const Flux2Pipeline& pipeline, const Flux2Pipeline::Impl& m,
+                          const std::vector<GenerationRequest>& rs, bool true_cfg) {
+  std::vector<at::Tensor> embeds, negative_embeds;
+  for (const auto& q : rs) {
+    auto given_or_encoded = [&](const char* name, const char* field, const std::string& text) {
+      if (q.has_given(name)) return q.given->at(name).to(m.device, m.dtype);
+      const models::TensorMap e = pipeline.encode_prompt(text, *q.max_sequence_length);
+      warn_truncated(q, field, fmt::format("`max_sequence_length` is set to {} tokens", *q.max_sequence_length),
+                     tokens_cut(e, "tokens_cut"), m.tp.rank == 0);
+      return e.at("prompt_embeds");
+    };
+    embeds.push_back(given_or_encoded("prompt_embeds", "prompt", q.prompt));
+    // klein's negative prompt is "" unless the request gives one.
+    if (true_cfg) {
+      negative_embeds.push_back(
+          given_or_encoded("negative_prompt_embeds", "negative_prompt", q.negative_prompt.value_or("")));
+    }
+  }
+  Flux2Prompts p;
+  p.embeds = stack_batch(embeds, "prompt_embeds");
+  if (true_cfg) p.negative_embeds = stack_batch(negative_embeds, "negative_prompt_embeds");
+  return p;
+}
+
+// The transformer's inputs besides latents and timestep for an h x w token
+// grid; `negative` filled under true CFG.
+struct Flux2Inputs {
+  models::TensorMap positive, negative;
+};
+
+Flux2Inputs flux2_inputs(const Flux2Pipeline::Impl& m, const Flux2Prompts& prompts, const GenerationRequest& r,
+                         int64_t batch, int64_t h, int64_t w, bool true_cfg) {
+  Flux2Inputs in;
+  in.positive["encoder_hidden_states"] = prompts.embeds;
+  in.positive["img_ids"] = flux2_image_ids(h, w, m.device);
+  in.positive["txt_ids"] = flux2_text_ids(prompts.embeds.size(1), m.device);
+  if (!m.klein) {
+    in.positive["guidance"] = at::full({batch}, *r.guidance, at::TensorOptions().dtype(at::kFloat).device(m.device));
+  }
+  if (true_cfg) {
+    in.negative = in.positive;
+    in.negative["encoder_hidden_states"] = prompts.negative_embeds;
+    in.negative["txt_ids"] = flux2_text_ids(prompts.negative_embeds.size(1), m.device);
+  }
+  return in;
+}
+
+// One image's packed latents to pixels: unpacked to the h x w grid,
+// de-normalised with the VAE's latent batch-norm statistics, unpatchified, VAE decode.
+LatentDecoder flux2_decoder(const Flux2Pipeline::Impl& m, int64_t h, int64_t w) {
+  if (!m.vae) return {};
+  return [&m, h, w](const at::Tensor& lat) {
+    at::Tensor z = flux2_unpack(lat, h, w);
+    z = z * m.vae->latent_bn_std().to(z.scalar_type()).view({1, -1, 1, 1}) +
+        m.vae->latent_bn_mean().to(z.scalar_type()).view({1, -1, 1, 1});
+    z = flux2_unpatchify(z).to(checkpoint::parse_compute_dtype(m.vae->compute_dtype(), "vae dtype"));
+    return m.vae->decode(z);
+  };
+}
+
+}  // namespace
+
 std::vector<GenerationResult> Flux2Pipeline::generate_batch(const std::vector<GenerationRequest>& requests,
                                                             const StepCallback& on_step) const try {
   if (requests.empty()) return {};
   const std::vector<GenerationRequest> rs = prepare_batch(*this, requests);
   const GenerationRequest& r = rs.front();
   const Impl& m = *impl_;
-  {  // Will it fit? Decided alike on every rank of the TP group (request_memory.h).
-    const auto& c = m.transformer->config();
-    MemoryModel mm;
-    mm.pipeline = m.cls;
-    mm.transformer = {c.heads, c.head_dim, 2 * c.mlp_hidden(), c.mlp_hidden(), m.in_channels, m.joint_dim};
-    mm.tp_size = m.tp.size;
-    mm.attention_chunk = m.transformer->attention_chunk();
-    mm.text_hidden = m.text_encoder ? m.joint_dim / 3 : 0;  // three stacked hidden states
-    mm.weights_bytes = m.bytes;
-    fill_runtime(mm, m.device.str(), m.dtype_name, m.vae.get());
-    check_batch_memory(mm, batch_shape(*this, rs), m.tp, m.device.str());
-  }
+  const auto& c = m.transformer->config();
+  MemoryModel fit;
+  fit.pipeline = m.cls;
+  fit.transformer = {c.heads, c.head_dim, 2 * c.mlp_hidden(), c.mlp_hidden(), m.in_channels, m.joint_dim};
+  fit.attention_chunk = m.transformer->attention_chunk();
+  fit.text_hidden = m.text_encoder ? m.joint_dim / 3 : 0;  // three stacked hidden states
+  check_batch_fits(*this, rs, fit, m, m.vae.get());
   const int64_t batch = static_cast<int64_t>(rs.size());
   const int64_t steps = *r.steps, height = *r.height, width = *r.width;
   const bool cfg = true_cfg(*r.guidance);
   StageTimes times;
 
-  // 1. Prompt embeddings, one prompt at a time (as alone), then stacked.
+  // 1. Prompt embeddings.
   auto t0 = Clock::now();
-  std::vector<at::Tensor> pe, ne;
-  for (const auto& q : rs) {
-    auto given_or_encoded = [&](const char* name, const char* field, const std::string& text) {
-      if (q.has_given(name)) return q.given->at(name).to(m.device, m.dtype);
-      const models::TensorMap e = encode_prompt(text, *q.max_sequence_length);
-      warn_truncated(q, field, fmt::format("`max_sequence_length` is set to {} tokens", *q.max_sequence_length),
-                     tokens_cut(e, "tokens_cut"), m.tp.rank == 0);
-      return e.at("prompt_embeds");
-    };
-    pe.push_back(given_or_encoded("prompt_embeds", "prompt", q.prompt));
-    // klein's negative prompt is "" unless the request gives one.
-    if (cfg) ne.push_back(given_or_encoded("negative_prompt_embeds", "negative_prompt", q.negative_prompt.value_or("")));
-  }
-  const at::Tensor prompt_embeds = stack_batch(pe, "prompt_embeds");
-  const at::Tensor neg_embeds = cfg ? stack_batch(ne, "negative_prompt_embeds") : at::Tensor();
+  const Flux2Prompts prompts = encode_batch(*this, m, rs, cfg);
   times.encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
   // 2. Latents (each from its own seed), ids, schedule.
-  std::vector<at::Tensor> lv;
-  for (const auto& q : rs) {
-    lv.push_back(q.has_given("latents") ? q.given->at("latents").to(m.device, m.dtype)
-                                        : flux2_prepare_latents(q.seed, 1, m.in_channels, height, width, m.dtype,
-                                                                m.device, m.vae_scale_factor));
-  }
-  at::Tensor latents = stack_batch(lv, "latents");
+  at::Tensor latents = batch_latents(rs, m, [&](const GenerationRequest& q) {
+    return flux2_prepare_latents(q.seed, 1, m.in_channels, height, width, m.dtype, m.device, m.vae_scale_factor);
+  });
   const int64_t h = latent_side(height, m.vae_scale_factor) / 2, w = latent_side(width, m.vae_scale_factor) / 2;
   FlowMatchEulerDiscreteScheduler scheduler(m.scheduler);
   scheduler.set_timesteps(steps, compute_empirical_mu(h * w, steps));
-  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(m.device);
-  models::TensorMap in;
-  in["encoder_hidden_states"] = prompt_embeds;
-  in["img_ids"] = flux2_image_ids(h, w, m.device);
-  in["txt_ids"] = flux2_text_ids(prompt_embeds.size(1), m.device);
-  if (!m.klein) in["guidance"] = at::full({batch}, *r.guidance, fopts);
-  models::TensorMap neg_in;
-  if (cfg) {
-    neg_in = in;
-    neg_in["encoder_hidden_states"] = neg_embeds;
-    neg_in["txt_ids"] = flux2_text_ids(neg_embeds.size(1), m.device);
-  }
+  Flux2Inputs in = flux2_inputs(m, prompts, r, batch, h, w, cfg);
 
   // 3. Denoising.
-  latents = denoise([&](const models::TensorMap& x) { return m.transformer->run(x); }, scheduler, latents, in,
-                    cfg ? &neg_in : nullptr, *r.guidance, on_step, times);
+  latents = denoise([&](const models::TensorMap& x) { return m.transformer->run(x); }, scheduler, latents,
+                    in.positive, cfg ? &in.negative : nullptr, *r.guidance, on_step, times);
 
   // 4. Per image: the NaN check, then decode (on the rank that holds the VAE).
-  LatentDecoder decode;
-  if (m.vae) {
-    decode = [&](const at::Tensor& lat) {
-      at::Tensor z = flux2_unpack(lat, h, w);
-      z = z * m.vae->latent_bn_std().to(z.scalar_type()).view({1, -1, 1, 1}) +
-          m.vae->latent_bn_mean().to(z.scalar_type()).view({1, -1, 1, 1});
-      z = flux2_unpatchify(z).to(checkpoint::parse_compute_dtype(m.vae->compute_dtype(), "vae dtype"));
-      return m.vae->decode(z);
-    };
-  }
-  return finish_batch(latents, height, width, steps, m.dtype_name, decode, std::move(times));
+  return finish_batch(latents, height, width, steps, m.dtype_name, flux2_decoder(m, h, w), std::move(times));
 } catch (...) {
   rethrow_generation_failure(impl_->tp);  // an allocation failure as a request error
 }
@@ -392,7 +412,7 @@ std::vector<PromptTokens> flux2_tokenize(const std::string& folder, const std::s
                                          int64_t max_sequence_length) {
   const auto pf = checkpoint::open_pipeline_folder(folder);
   const bool klein = pf.cls == Flux2Pipeline::kKleinClass;
-  const auto& tok = component(pf, "tokenizer");
+  const auto& tok = need_component(pf, "tokenizer");
   const text::HfTokenizer tokenizer = text::HfTokenizer::load(tok.path, tok.cls);
   check_template_kind(tokenizer, klein, pf.cls);
   text::decode_utf8(prompt, "prompt");  // offsets of bad bytes in the user's prompt, not in the templated text

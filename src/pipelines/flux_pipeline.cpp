@@ -18,6 +18,7 @@
 #include "models/t5_encoder.h"
 #include "text/clip_tokenizer.h"
 #include "pipelines/batch_stages.h"
+#include "pipelines/family_steps.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "pipelines/latents.h"
 #include "pipelines/pipeline_components.h"
@@ -30,12 +31,7 @@ namespace tprun::pipelines {
 
 using Clock = std::chrono::steady_clock;
 
-struct FluxPipeline::Impl {
-  std::string folder;
-  std::string dtype_name;
-  c10::ScalarType dtype = at::kFloat;
-  c10::Device device{c10::kCPU};
-  parallel::TpContext tp;
+struct FluxPipeline::Impl : PipelineRuntime {
   FlowMatchSchedulerConfig scheduler;
   std::unique_ptr<models::FluxTransformer> transformer;
   std::unique_ptr<models::ClipTextModel> clip;
@@ -47,25 +43,9 @@ struct FluxPipeline::Impl {
   int64_t latent_channels = 16;
   double scaling_factor = 1.0, shift_factor = 0.0;
   int64_t clip_hidden = 0, t5_dim = 0;
-  uint64_t bytes = 0;
-  std::shared_ptr<PromptCache> cache = std::make_shared<PromptCache>();
 };
 
 namespace {
-
-const checkpoint::PipelineComponent& component(const checkpoint::PipelineFolder& f, const std::string& name) {
-  const auto* c = f.find(name);
-  if (!c) {
-    throw CheckpointError(fmt::format("{}: model_index.json names no '{}' component (a FluxPipeline needs it)",
-                                      f.path, name),
-                          true);
-  }
-  return *c;
-}
-
-nlohmann::json component_config(const checkpoint::PipelineComponent& c, std::string* path) {
-  return models::read_component_config(c.path, path);
-}
 
 // FluxPipeline.__call__'s defaults.
 GenerationRequest flux_defaults(int64_t vae_scale_factor) {
@@ -85,91 +65,100 @@ bool do_true_cfg(const GenerationRequest& r) {
   return *r.true_cfg_scale > 1.0 && has_neg;
 }
 
+// A component's config.json, its path in `path`.
+nlohmann::json component_config(const checkpoint::PipelineFolder& pf, const std::string& name, std::string* path) {
+  return models::read_component_config(need_component(pf, name).path, path);
+}
+
+// The configs every load reads before any weight byte.
+struct FluxConfigs {
+  nlohmann::json transformer, vae, clip, t5;
+  std::string transformer_path, vae_path, clip_path, t5_path;
+  models::FluxConfig flux;
+};
+
+// The transformer, VAE and scheduler configs, checked against each other.
+FluxConfigs read_flux_configs(const checkpoint::PipelineFolder& pf, const PipelineOptions& options,
+                              FluxPipeline::Impl& m) {
+  FluxConfigs c;
+  c.transformer = component_config(pf, "transformer", &c.transformer_path);
+  c.vae = component_config(pf, "vae", &c.vae_path);
+  c.flux = models::FluxConfig::from_json(c.transformer, c.transformer_path);
+  const auto vcfg = models::VaeConfig::from_json(c.vae, c.vae_path);
+  m.vae_scale_factor = vcfg.scale_factor();
+  check_vae_tiles(options.component_base.memory, vcfg.scale_factor(), vcfg.sample_size, c.vae_path);
+  m.latent_channels = vcfg.latent_channels;
+  m.scaling_factor = vcfg.scaling_factor;
+  m.shift_factor = vcfg.shift_factor;
+  check_packed_channels(c.flux.in_channels, c.transformer_path, vcfg.latent_channels, c.vae_path);
+  m.scheduler = FlowMatchSchedulerConfig::from_file(need_component(pf, "scheduler").path + "/scheduler_config.json");
+  return c;
+}
+
+// CLIP's and T5's configs against the transformer's, and both tokenizers.
+void read_text_encoder_configs(const checkpoint::PipelineFolder& pf, FluxConfigs& c, FluxPipeline::Impl& m) {
+  c.clip = component_config(pf, "text_encoder", &c.clip_path);
+  c.t5 = component_config(pf, "text_encoder_2", &c.t5_path);
+  m.clip_hidden = models::ClipTextConfig::from_json(c.clip, c.clip_path).hidden_size;
+  m.t5_dim = models::T5Config::from_json(c.t5, c.t5_path).d_model;
+  if (m.clip_hidden != c.flux.pooled_dim) {
+    throw CheckpointError(fmt::format("{}: pooled_projection_dim {} differs from the CLIP hidden_size {} ({})",
+                                      c.transformer_path, c.flux.pooled_dim, m.clip_hidden, c.clip_path),
+                          true);
+  }
+  if (m.t5_dim != c.flux.joint_dim) {
+    throw CheckpointError(fmt::format("{}: joint_attention_dim {} differs from the T5 d_model {} ({})",
+                                      c.transformer_path, c.flux.joint_dim, m.t5_dim, c.t5_path),
+                          true);
+  }
+  m.tokenizer = std::make_unique<text::ClipTokenizer>(need_component(pf, "tokenizer").path);
+  m.tokenizer_2 = std::make_unique<text::T5Tokenizer>(need_component(pf, "tokenizer_2").path);
+}
+
+// The weights: the transformer over the TP group, CLIP replicated, T5
+// replicated unless shard_text_encoders, the VAE's decoder where it decodes.
+void load_flux_components(const checkpoint::PipelineFolder& pf, const FluxConfigs& c, const PipelineOptions& options,
+                          FluxPipeline::Impl& m) {
+  {
+    auto source = checkpoint::open_weight_source(need_component(pf, "transformer").path, options.variant);
+    models::ModelOptions o = component_options(options, "transformer");
+    o.shard_modulation = options.shard_modulation;
+    m.transformer = models::FluxTransformer::load(*source, c.transformer, c.transformer_path, m.tp, o);
+    m.bytes += m.transformer->bytes_loaded();
+  }
+  if (options.text_encoders) {
+    {
+      const models::ModelOptions o = component_options(options, "text_encoder");
+      auto source = checkpoint::open_weight_source(need_component(pf, "text_encoder").path, options.variant);
+      m.clip = models::ClipTextModel::load(*source, c.clip, c.clip_path, {}, o);
+      m.bytes += m.clip->bytes_loaded();
+    }
+    {
+      auto source = checkpoint::open_weight_source(need_component(pf, "text_encoder_2").path, options.variant);
+      const parallel::TpContext t5tp = options.shard_text_encoders.value_or(false) ? m.tp : parallel::TpContext{};
+      const models::ModelOptions o = component_options(options, "text_encoder_2");
+      m.t5 = models::T5Encoder::load(*source, c.t5, c.t5_path, t5tp, o);
+      m.bytes += m.t5->bytes_loaded();
+    }
+  }
+  m.vae = load_vae_decoder(need_component(pf, "vae"), c.vae, c.vae_path, options, m);
+}
+
 }  // namespace
 
 std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, const parallel::TpContext& tp,
                                                  const PipelineOptions& options) {
   auto impl = std::make_shared<Impl>();
-  impl->folder = folder;
-  impl->dtype_name = options.dtype;
-  impl->dtype = checkpoint::parse_compute_dtype(options.dtype, "dtype");
-  impl->device = c10::Device(options.device);
-  impl->tp = tp;
+  impl->init(folder, tp, options);
   if (!checkpoint::is_pipeline_folder(folder)) {
     throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
   }
   const auto pf = checkpoint::open_pipeline_folder(folder);
   check_pipeline_components(pf);
-
   // Configs first: every cross-component check before any weight byte is read.
-  std::string tpath, vpath;
-  const auto tconf = component_config(component(pf, "transformer"), &tpath);
-  const auto vconf = component_config(component(pf, "vae"), &vpath);
-  const auto fcfg = models::FluxConfig::from_json(tconf, tpath);
-  const auto vcfg = models::VaeConfig::from_json(vconf, vpath);
-  impl->vae_scale_factor = vcfg.scale_factor();
-  check_vae_tiles(options.component_base.memory, vcfg.scale_factor(), vcfg.sample_size, vpath);
-  impl->latent_channels = vcfg.latent_channels;
-  impl->scaling_factor = vcfg.scaling_factor;
-  impl->shift_factor = vcfg.shift_factor;
-  if (fcfg.in_channels != 4 * vcfg.latent_channels) {
-    throw CheckpointError(fmt::format("{}: in_channels {} is not 4 x the VAE's latent_channels {} ({})", tpath,
-                                      fcfg.in_channels, vcfg.latent_channels, vpath),
-                          true);
-  }
-  const auto& sched = component(pf, "scheduler");
-  impl->scheduler = FlowMatchSchedulerConfig::from_file(sched.path + "/scheduler_config.json");
-
-  nlohmann::json cconf, t5conf;
-  std::string cpath, t5path;
-  if (options.text_encoders) {
-    cconf = component_config(component(pf, "text_encoder"), &cpath);
-    t5conf = component_config(component(pf, "text_encoder_2"), &t5path);
-    impl->clip_hidden = models::ClipTextConfig::from_json(cconf, cpath).hidden_size;
-    impl->t5_dim = models::T5Config::from_json(t5conf, t5path).d_model;
-    if (impl->clip_hidden != fcfg.pooled_dim) {
-      throw CheckpointError(fmt::format("{}: pooled_projection_dim {} differs from the CLIP hidden_size {} ({})", tpath,
-                                        fcfg.pooled_dim, impl->clip_hidden, cpath),
-                            true);
-    }
-    if (impl->t5_dim != fcfg.joint_dim) {
-      throw CheckpointError(fmt::format("{}: joint_attention_dim {} differs from the T5 d_model {} ({})", tpath,
-                                        fcfg.joint_dim, impl->t5_dim, t5path),
-                            true);
-    }
-    impl->tokenizer = std::make_unique<text::ClipTokenizer>(component(pf, "tokenizer").path);
-    impl->tokenizer_2 = std::make_unique<text::T5Tokenizer>(component(pf, "tokenizer_2").path);
-  }
-
-  {
-    auto source = checkpoint::open_weight_source(component(pf, "transformer").path, options.variant);
-    models::ModelOptions o = component_options(options, "transformer");
-    o.shard_modulation = options.shard_modulation;
-    impl->transformer = models::FluxTransformer::load(*source, tconf, tpath, tp, o);
-    impl->bytes += impl->transformer->bytes_loaded();
-  }
-  if (options.text_encoders) {
-    {
-      const models::ModelOptions o = component_options(options, "text_encoder");
-      auto source = checkpoint::open_weight_source(component(pf, "text_encoder").path, options.variant);
-      impl->clip = models::ClipTextModel::load(*source, cconf, cpath, {}, o);
-      impl->bytes += impl->clip->bytes_loaded();
-    }
-    {
-      auto source = checkpoint::open_weight_source(component(pf, "text_encoder_2").path, options.variant);
-      const parallel::TpContext t5tp = options.shard_text_encoders.value_or(false) ? tp : parallel::TpContext{};
-      const models::ModelOptions o = component_options(options, "text_encoder_2");
-      impl->t5 = models::T5Encoder::load(*source, t5conf, t5path, t5tp, o);
-      impl->bytes += impl->t5->bytes_loaded();
-    }
-  }
-  if (options.decode_on_every_rank || tp.rank == 0) {
-    auto source = checkpoint::open_weight_source(component(pf, "vae").path, options.variant);
-    models::ModelOptions o = component_options(options, "vae");
-    o.part = "decoder";
-    impl->vae = models::AutoencoderKL::load(*source, vconf, vpath, {}, o);
-    impl->bytes += impl->vae->bytes_loaded();
-  }
+  FluxConfigs configs = read_flux_configs(pf, options, *impl);
+  if (options.text_encoders) read_text_encoder_configs(pf, configs, *impl);
+  load_flux_components(pf, configs, options, *impl);
   auto p = std::make_unique<FluxPipeline>();
   p->impl_ = std::move(impl);
   return p;
@@ -196,15 +185,9 @@ void FluxPipeline::check_request(const GenerationRequest& request) const {
   const Impl& m = *impl_;
   const GenerationRequest r = with_defaults(request);
   check_image_size(*r.height, *r.width, m.vae_scale_factor);
-  if (*r.steps < 1) throw RequestError(fmt::format("steps must be at least 1, got {}", *r.steps), true);
-  if (*r.steps > 10000) throw RequestError(fmt::format("steps {} is beyond the limit of 10000", *r.steps), true);
-  if (!std::isfinite(*r.guidance)) throw RequestError("guidance must be a finite number", true);
+  check_steps_and_guidance(r);
   if (!std::isfinite(*r.true_cfg_scale)) throw RequestError("true_cfg_scale must be a finite number", true);
-  if (*r.max_sequence_length < 1 || *r.max_sequence_length > 512) {
-    throw RequestError(
-        fmt::format("max_sequence_length must be in [1, 512] (FluxPipeline's limit), got {}", *r.max_sequence_length),
-        true);
-  }
+  check_max_sequence_length(r, kClass, 512);
   const auto& c = m.transformer->config();
   const bool embeds = r.has_given("prompt_embeds");
   if (embeds != r.has_given("pooled_prompt_embeds")) {
@@ -261,32 +244,18 @@ models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t
   return out;
 }
 
-std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<GenerationRequest>& requests,
-                                                           const StepCallback& on_step) const try {
-  if (requests.empty()) return {};
-  const std::vector<GenerationRequest> rs = prepare_batch(*this, requests);
-  const GenerationRequest& r = rs.front();
-  const Impl& m = *impl_;
-  const auto& cfg = m.transformer->config();
-  {  // Will it fit? Decided alike on every rank of the TP group (request_memory.h).
-    MemoryModel mm;
-    mm.pipeline = kClass;
-    mm.transformer = {cfg.heads, cfg.head_dim, 4 * cfg.inner(), 4 * cfg.inner(), cfg.in_channels, cfg.joint_dim};
-    mm.tp_size = m.tp.size;
-    mm.attention_chunk = m.transformer->attention_chunk();
-    mm.text_hidden = m.t5 ? m.t5_dim : 0;
-    mm.weights_bytes = m.bytes;
-    fill_runtime(mm, m.device.str(), m.dtype_name, m.vae.get());
-    check_batch_memory(mm, batch_shape(*this, rs), m.tp, m.device.str());
-  }
-  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(m.device);
-  const int64_t batch = static_cast<int64_t>(rs.size());
-  StageTimes times;
+namespace {
 
-  // 1. Prompt embeddings, one prompt at a time (as alone), then stacked.
-  auto t0 = Clock::now();
-  const bool cfg_on = do_true_cfg(r);
-  std::vector<at::Tensor> pe, pp, ne, np;
+// The batch's prompt embeddings, each prompt encoded alone (as generate()
+// would) or taken as given, then stacked.
+struct FluxPrompts {
+  at::Tensor embeds, pooled;                    // [B, S, joint_dim], [B, pooled_dim]
+  at::Tensor negative_embeds, negative_pooled;  // true CFG only
+};
+
+FluxPrompts encode_batch(const FluxPipeline& pipeline, const FluxPipeline::Impl& m,
+                         const std::vector<GenerationRequest>& rs, bool true_cfg) {
+  std::vector<at::Tensor> embeds, pooled, negative_embeds, negative_pooled;
   // As FluxPipeline._get_t5_prompt_embeds / _get_clip_prompt_embeds warn.
   auto warn_encoded = [&](const GenerationRequest& q, const char* field, const models::TensorMap& e) {
     const bool leader = m.tp.rank == 0;
@@ -296,82 +265,116 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
     warn_truncated(q, field, fmt::format("CLIP can only handle sequences up to {} tokens", clip_max),
                    tokens_cut(e, "clip_tokens_cut"), leader);
   };
+  // The pair (embeds, pooled) of one prompt: given under `names`, else encoded from `text`.
+  auto add = [&](const GenerationRequest& q, const char* embeds_name, const char* pooled_name, const char* field,
+                 const std::string& text, std::vector<at::Tensor>& to_embeds, std::vector<at::Tensor>& to_pooled) {
+    if (q.has_given(embeds_name)) {
+      to_embeds.push_back(q.given->at(embeds_name).to(m.device, m.dtype));
+      to_pooled.push_back(q.given->at(pooled_name).to(m.device, m.dtype));
+      return;
+    }
+    const models::TensorMap e = pipeline.encode_prompt(text, *q.max_sequence_length);
+    warn_encoded(q, field, e);
+    to_embeds.push_back(e.at("prompt_embeds"));
+    to_pooled.push_back(e.at("pooled_prompt_embeds"));
+  };
   for (const auto& q : rs) {
-    auto given_or = [&](const std::string& name) { return q.given->at(name).to(m.device, m.dtype); };
-    if (q.has_given("prompt_embeds")) {
-      pe.push_back(given_or("prompt_embeds"));
-      pp.push_back(given_or("pooled_prompt_embeds"));
-    } else {
-      auto e = encode_prompt(q.prompt, *q.max_sequence_length);
-      warn_encoded(q, "prompt", e);
-      pe.push_back(e.at("prompt_embeds"));
-      pp.push_back(e.at("pooled_prompt_embeds"));
-    }
-    if (cfg_on) {
-      if (q.has_given("negative_prompt_embeds")) {
-        ne.push_back(given_or("negative_prompt_embeds"));
-        np.push_back(given_or("negative_pooled_prompt_embeds"));
-      } else {
-        auto e = encode_prompt(q.negative_prompt.value_or(""), *q.max_sequence_length);
-        warn_encoded(q, "negative_prompt", e);
-        ne.push_back(e.at("prompt_embeds"));
-        np.push_back(e.at("pooled_prompt_embeds"));
-      }
+    add(q, "prompt_embeds", "pooled_prompt_embeds", "prompt", q.prompt, embeds, pooled);
+    if (true_cfg) {
+      add(q, "negative_prompt_embeds", "negative_pooled_prompt_embeds", "negative_prompt",
+          q.negative_prompt.value_or(""), negative_embeds, negative_pooled);
     }
   }
-  at::Tensor prompt_embeds = stack_batch(pe, "prompt_embeds"), pooled = stack_batch(pp, "pooled_prompt_embeds");
-  at::Tensor neg_embeds, neg_pooled;
-  if (cfg_on) {
-    neg_embeds = stack_batch(ne, "negative_prompt_embeds");
-    neg_pooled = stack_batch(np, "negative_pooled_prompt_embeds");
+  FluxPrompts p;
+  p.embeds = stack_batch(embeds, "prompt_embeds");
+  p.pooled = stack_batch(pooled, "pooled_prompt_embeds");
+  if (true_cfg) {
+    p.negative_embeds = stack_batch(negative_embeds, "negative_prompt_embeds");
+    p.negative_pooled = stack_batch(negative_pooled, "negative_pooled_prompt_embeds");
   }
+  return p;
+}
+
+// The transformer's inputs besides latents and timestep; `negative` filled under true CFG.
+struct FluxInputs {
+  models::TensorMap positive, negative;
+};
+
+FluxInputs flux_inputs(const FluxPipeline::Impl& m, const FluxPrompts& prompts, const GenerationRequest& r,
+                       int64_t batch, bool true_cfg) {
+  const int64_t lh = latent_side(*r.height, m.vae_scale_factor), lw = latent_side(*r.width, m.vae_scale_factor);
+  const at::Tensor txt_ids =
+      at::zeros({prompts.embeds.size(1), 3}, at::TensorOptions().dtype(m.dtype).device(m.device));
+  FluxInputs in;
+  in.positive["encoder_hidden_states"] = prompts.embeds;
+  in.positive["pooled_projections"] = prompts.pooled;
+  in.positive["img_ids"] = latent_image_ids(lh / 2, lw / 2, m.dtype, m.device);
+  in.positive["txt_ids"] = txt_ids;
+  if (m.transformer->config().guidance) {
+    in.positive["guidance"] = at::full({batch}, *r.guidance, at::TensorOptions().dtype(at::kFloat).device(m.device));
+  }
+  if (true_cfg) {
+    in.negative = in.positive;
+    in.negative["encoder_hidden_states"] = prompts.negative_embeds;
+    in.negative["pooled_projections"] = prompts.negative_pooled;
+    in.negative["txt_ids"] = at::zeros({prompts.negative_embeds.size(1), 3}, txt_ids.options());
+  }
+  return in;
+}
+
+// One image's packed latents to pixels: unpacked, z / scaling_factor + shift_factor, VAE decode.
+LatentDecoder flux_decoder(const FluxPipeline::Impl& m, int64_t height, int64_t width) {
+  if (!m.vae) return {};
+  return [&m, height, width](const at::Tensor& lat) {
+    at::Tensor z = unpack_latents(lat, height, width, m.vae_scale_factor);
+    z = z / m.scaling_factor + m.shift_factor;
+    // The VAE computes in fp32 when force_upcast lifts a 16-bit dtype.
+    return m.vae->decode(z.to(checkpoint::parse_compute_dtype(m.vae->compute_dtype(), "vae dtype")));
+  };
+}
+
+}  // namespace
+
+std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<GenerationRequest>& requests,
+                                                           const StepCallback& on_step) const try {
+  if (requests.empty()) return {};
+  const std::vector<GenerationRequest> rs = prepare_batch(*this, requests);
+  const GenerationRequest& r = rs.front();
+  const Impl& m = *impl_;
+  const auto& cfg = m.transformer->config();
+  MemoryModel fit;
+  fit.pipeline = kClass;
+  fit.transformer = {cfg.heads, cfg.head_dim, 4 * cfg.inner(), 4 * cfg.inner(), cfg.in_channels, cfg.joint_dim};
+  fit.attention_chunk = m.transformer->attention_chunk();
+  fit.text_hidden = m.t5 ? m.t5_dim : 0;
+  check_batch_fits(*this, rs, fit, m, m.vae.get());
+  const int64_t batch = static_cast<int64_t>(rs.size());
+  const bool cfg_on = do_true_cfg(r);
+  StageTimes times;
+
+  // 1. Prompt embeddings.
+  auto t0 = Clock::now();
+  const FluxPrompts prompts = encode_batch(*this, m, rs, cfg_on);
   times.encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
   // 2. Latents (each from its own seed), ids, schedule, guidance.
-  std::vector<at::Tensor> lv;
-  for (const auto& q : rs) {
-    lv.push_back(q.has_given("latents") ? q.given->at("latents").to(m.device, m.dtype)
-                                        : prepare_latents(q.seed, 1, cfg.in_channels / 4, *q.height, *q.width,
-                                                          m.dtype, m.device, m.vae_scale_factor));
-  }
-  at::Tensor latents = stack_batch(lv, "latents");
-  const int64_t steps = *r.steps, height = *r.height, width = *r.width;
-  const int64_t lh = latent_side(height, m.vae_scale_factor), lw = latent_side(width, m.vae_scale_factor);
-  at::Tensor img_ids = latent_image_ids(lh / 2, lw / 2, m.dtype, m.device);
-  at::Tensor txt_ids = at::zeros({prompt_embeds.size(1), 3}, at::TensorOptions().dtype(m.dtype).device(m.device));
+  at::Tensor latents = batch_latents(rs, m, [&](const GenerationRequest& q) {
+    return prepare_latents(q.seed, 1, cfg.in_channels / 4, *q.height, *q.width, m.dtype, m.device,
+                           m.vae_scale_factor);
+  });
+  FluxInputs in = flux_inputs(m, prompts, r, batch, cfg_on);
   FlowMatchEulerDiscreteScheduler scheduler(m.scheduler);
   std::optional<double> mu;
   if (m.scheduler.use_dynamic_shifting) mu = scheduler.mu_for(latents.size(1));
-  scheduler.set_timesteps(steps, mu);  // sigmas = linspace(1, 1/n, n), as FluxPipeline
-  models::TensorMap in;
-  in["encoder_hidden_states"] = prompt_embeds;
-  in["pooled_projections"] = pooled;
-  in["img_ids"] = img_ids;
-  in["txt_ids"] = txt_ids;
-  if (cfg.guidance) in["guidance"] = at::full({batch}, *r.guidance, fopts);
-  models::TensorMap neg_in;
-  if (cfg_on) {
-    neg_in = in;
-    neg_in["encoder_hidden_states"] = neg_embeds;
-    neg_in["pooled_projections"] = neg_pooled;
-    neg_in["txt_ids"] = at::zeros({neg_embeds.size(1), 3}, txt_ids.options());
-  }
+  scheduler.set_timesteps(*r.steps, mu);  // sigmas = linspace(1, 1/n, n), as FluxPipeline
 
   // 3. Denoising.
-  latents = denoise([&](const models::TensorMap& x) { return m.transformer->run(x); }, scheduler, latents, in,
-                    cfg_on ? &neg_in : nullptr, *r.true_cfg_scale, on_step, times);
+  latents = denoise([&](const models::TensorMap& x) { return m.transformer->run(x); }, scheduler, latents,
+                    in.positive, cfg_on ? &in.negative : nullptr, *r.true_cfg_scale, on_step, times);
 
   // 4. Per image: the NaN check, then decode (on the rank that holds the VAE).
-  LatentDecoder decode;
-  if (m.vae) {
-    decode = [&](const at::Tensor& lat) {
-      at::Tensor z = unpack_latents(lat, height, width, m.vae_scale_factor);
-      z = z / m.scaling_factor + m.shift_factor;
-      // The VAE computes in fp32 when force_upcast lifts a 16-bit dtype.
-      return m.vae->decode(z.to(checkpoint::parse_compute_dtype(m.vae->compute_dtype(), "vae dtype")));
-    };
-  }
-  return finish_batch(latents, height, width, steps, m.dtype_name, decode, std::move(times));
+  return finish_batch(latents, *r.height, *r.width, *r.steps, m.dtype_name, flux_decoder(m, *r.height, *r.width),
+                      std::move(times));
 } catch (...) {
   rethrow_generation_failure(impl_->tp);  // an allocation failure as a request error
 }
@@ -396,8 +399,8 @@ namespace {
 std::vector<PromptTokens> flux_tokenize(const std::string& folder, const std::string& prompt,
                                         int64_t max_sequence_length) {
   const auto pf = checkpoint::open_pipeline_folder(folder);
-  const text::ClipTokenizer clip(component(pf, "tokenizer").path);
-  const text::T5Tokenizer t5(component(pf, "tokenizer_2").path);
+  const text::ClipTokenizer clip(need_component(pf, "tokenizer").path);
+  const text::T5Tokenizer t5(need_component(pf, "tokenizer_2").path);
   return {{"tokenizer", "CLIP", clip.encode(prompt, clip.model_max_length())},
           {"tokenizer_2", "T5", t5.encode(prompt, max_sequence_length)}};
 }

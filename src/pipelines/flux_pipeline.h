@@ -85,8 +85,9 @@ class FluxPipeline final : public Pipeline {
   int64_t vae_scale_factor() const;
   bool has_guidance_embeds() const;
 
- private:
   struct Impl;
+
+ private:
   std::shared_ptr<const Impl> impl_;
 };
 

@@ -14,9 +14,12 @@ namespace tprun::pipelines {
 using PngText = std::vector<std::pair<std::string, std::string>>;  // keyword -> value (UTF-8)
 
 // `rgb`: height rows of width RGB triples, top row first. Keywords must be
-// 1-79 Latin-1 characters (PNG's rule). Throws tprun::Error naming `path`
-// (RequestError for bad arguments, CheckpointError for I/O failures).
-// Replaces an existing file at `path`.
+// 1-79 printable ASCII characters without leading, trailing or double spaces
+// (PNG's rule, narrowed to ASCII). Throws tprun::Error naming `path`:
+// RequestError for bad arguments (sizes, keywords, a NUL in a value), IoError
+// for a failed write (with the errno text: a full disk, no permission),
+// CheckpointError when libpng cannot start a writer. Replaces an existing
+// file at `path`.
 void write_png(const std::string& path, const uint8_t* rgb, int width, int height, const PngText& text_chunks);
 
 struct PngImage {

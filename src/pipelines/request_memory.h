@@ -4,7 +4,7 @@
 // model's shapes and the request's size, checked before any compute against
 // what the rank may still allocate (runtime/host_memory.h), identically on
 // every rank of a TP group; and allocation failures that still happen turned
-// into request errors. README "Memory per request".
+// into request errors. docs/memory.md "Memory per request".
 //
 // The estimate, per rank (elem = the compute dtype's bytes, S = image +
 // text tokens, B = batch, D = heads x head_dim, tp = the TP group size):
@@ -19,7 +19,7 @@
 //             or of one tile with vae_tiling; its mid-block attention as above
 //   peak      = kept (latents, embeddings) + max(text, step + attention,
 //             decode), x 1.15 for allocator slack, + 64 MiB
-// Calibrated against measured peaks (README "Memory per request").
+// Calibrated against measured peaks (docs/memory.md "Memory per request").
 
 #include <cstdint>
 #include <string>

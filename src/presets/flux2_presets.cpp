@@ -3,8 +3,10 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "presets/hf_tokenizer_files.h"
+#include "presets/preset_registry.h"
 #include "presets/tokenizer_files.h"
 #include "runtime/error.h"
 
@@ -113,6 +115,8 @@ json mistral3_config(const Flux2Preset& p, int64_t vocab) {
 
 }  // namespace
 
+std::vector<std::string> flux2_preset_names() { return {"tiny", "small"}; }
+
 Flux2Preset flux2_preset(const std::string& arch, const std::string& name) {
   if (arch != "flux2-klein" && arch != "flux2-dev") {
     throw ConfigError(fmt::format("--arch '{}' is not a FLUX.2 architecture (flux2-klein, flux2-dev)", arch));
@@ -139,7 +143,7 @@ Flux2Preset flux2_preset(const std::string& arch, const std::string& name) {
     p.merges = 3000;
     return p;
   }
-  throw ConfigError(fmt::format("unknown preset '{}'; choose one of: tiny, small", name));
+  throw ConfigError(fmt::format("unknown preset '{}'; choose one of: {}", name, fmt::join(flux2_preset_names(), ", ")));
 }
 
 Flux2PipelineConfigs flux2_pipeline_configs(const Flux2Preset& p, int64_t text_vocab_size) {
@@ -214,5 +218,26 @@ InitModelSummary write_flux2_pipeline(const std::string& dir, const Flux2Preset&
   });
   return summary;
 }
+
+namespace {
+
+// `tprun init-model --arch flux2-klein | flux2-dev`.
+ResolvedPreset resolve_flux2(const std::string& arch, const std::string& name) {
+  const Flux2Preset preset = flux2_preset(arch, name);
+  return {fmt::format("FLUX.2 {} pipeline '{}'", preset.klein ? "[klein]" : "[dev]", name),
+          [preset](const std::string& dir, uint64_t seed, bool force) {
+            WrittenPreset w;
+            w.summary = write_flux2_pipeline(dir, preset, seed, force);
+            w.details = fmt::format("text vocabulary {}", w.summary.text_vocab_size);
+            return w;
+          }};
+}
+
+}  // namespace
+
+TPRUN_REGISTER_PRESET({"FLUX.2", "flux2-klein", "Flux2KleinPipeline, Qwen3 text encoder", flux2_preset_names(),
+                       resolve_flux2});
+TPRUN_REGISTER_PRESET({"FLUX.2", "flux2-dev", "Flux2Pipeline, Mistral3 text encoder", flux2_preset_names(),
+                       resolve_flux2});
 
 }  // namespace tprun::presets

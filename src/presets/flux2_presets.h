@@ -45,6 +45,7 @@ struct Flux2Preset {
 // "tiny" (a 64x64 image in well under a second) or "small" (benchmarks), for
 // arch "flux2-klein" or "flux2-dev". ConfigError naming the known ones otherwise.
 Flux2Preset flux2_preset(const std::string& arch, const std::string& name);
+std::vector<std::string> flux2_preset_names();
 
 struct Flux2PipelineConfigs {
   nlohmann::json model_index, scheduler, transformer, vae, text_encoder;

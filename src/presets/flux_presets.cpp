@@ -1,6 +1,5 @@
 #include "presets/flux_presets.h"
 
-
 #include <filesystem>
 #include <numeric>
 
@@ -8,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "text/bpe_trainer.h"
+#include "presets/preset_registry.h"
 #include "presets/preset_writer.h"
 #include "presets/tokenizer_files.h"
 #include "runtime/error.h"
@@ -51,6 +51,99 @@ void require(bool ok, const std::string& message) {
   if (!ok) throw ConfigError(message);
 }
 
+json transformer_config(const FluxPreset& p) {
+  return {{"_class_name", "FluxTransformer2DModel"},
+          {"_diffusers_version", kDiffusersVersion},
+          {"attention_head_dim", p.attention_head_dim},
+          {"axes_dims_rope", p.axes_dims_rope},
+          {"guidance_embeds", true},
+          {"in_channels", 4 * kLatentChannels},
+          {"joint_attention_dim", p.t5_d_model},
+          {"num_attention_heads", p.num_attention_heads},
+          {"num_layers", p.num_layers},
+          {"num_single_layers", p.num_single_layers},
+          {"out_channels", nullptr},
+          {"patch_size", 1},
+          {"pooled_projection_dim", p.clip_hidden}};
+}
+
+json vae_config(const FluxPreset& p) {
+  const size_t levels = p.vae_block_out_channels.size();
+  return {{"_class_name", "AutoencoderKL"},
+          {"_diffusers_version", kDiffusersVersion},
+          {"act_fn", "silu"},
+          {"block_out_channels", p.vae_block_out_channels},
+          {"down_block_types", std::vector<std::string>(levels, "DownEncoderBlock2D")},
+          {"force_upcast", true},
+          {"in_channels", 3},
+          {"latent_channels", kLatentChannels},
+          {"latents_mean", nullptr},
+          {"latents_std", nullptr},
+          {"layers_per_block", p.vae_layers_per_block},
+          {"mid_block_add_attention", true},
+          {"norm_num_groups", p.vae_norm_num_groups},
+          {"out_channels", 3},
+          {"sample_size", p.vae_sample_size},
+          {"scaling_factor", 0.3611},
+          {"shift_factor", 0.1159},
+          {"up_block_types", std::vector<std::string>(levels, "UpDecoderBlock2D")},
+          {"use_post_quant_conv", false},
+          {"use_quant_conv", false}};
+}
+
+// As PretrainedConfig.save_pretrained writes them (FLUX.1's text_encoder/
+// and text_encoder_2/, the layout of shared/ref/TEXT.md).
+json clip_config(const FluxPreset& p, int64_t clip_vocab_size) {
+  return {{"architectures", json::array({"CLIPTextModel"})},
+          {"attention_dropout", 0.0},
+          {"bos_token_id", 0},
+          {"dtype", "float32"},
+          {"eos_token_id", 2},
+          {"hidden_act", "quick_gelu"},
+          {"hidden_size", p.clip_hidden},
+          {"initializer_factor", 1.0},
+          {"initializer_range", 0.02},
+          {"intermediate_size", p.clip_intermediate},
+          {"layer_norm_eps", 1e-05},
+          {"max_position_embeddings", 77},
+          {"model_type", "clip_text_model"},
+          {"num_attention_heads", p.clip_heads},
+          {"num_hidden_layers", p.clip_layers},
+          {"pad_token_id", 1},
+          {"projection_dim", p.clip_hidden},
+          {"transformers_version", kTransformersVersion},
+          {"vocab_size", clip_vocab_size}};
+}
+
+json t5_config(const FluxPreset& p, int64_t t5_tokenizer_length) {
+  return {{"architectures", json::array({"T5EncoderModel"})},
+          {"classifier_dropout", 0.0},
+          {"d_ff", p.t5_d_ff},
+          {"d_kv", p.t5_d_kv},
+          {"d_model", p.t5_d_model},
+          {"decoder_start_token_id", 0},
+          {"dense_act_fn", "gelu_new"},
+          {"dropout_rate", 0.1},
+          {"dtype", "float32"},
+          {"eos_token_id", 1},
+          {"feed_forward_proj", "gated-gelu"},
+          {"initializer_factor", 1.0},
+          {"is_encoder_decoder", false},
+          {"is_gated_act", true},
+          {"layer_norm_epsilon", 1e-06},
+          {"model_type", "t5"},
+          {"num_decoder_layers", p.t5_layers},
+          {"num_heads", p.t5_heads},
+          {"num_layers", p.t5_layers},
+          {"pad_token_id", 0},
+          {"relative_attention_max_distance", 128},
+          {"relative_attention_num_buckets", 32},
+          {"tie_word_embeddings", false},
+          {"transformers_version", kTransformersVersion},
+          {"use_cache", false},
+          {"vocab_size", round_up(t5_tokenizer_length, 64)}};
+}
+
 }  // namespace
 
 std::vector<std::string> flux_preset_names() { return {"tiny", "small"}; }
@@ -86,87 +179,10 @@ FluxPipelineConfigs flux_pipeline_configs(const FluxPreset& p, int64_t clip_voca
   FluxPipelineConfigs c;
   c.model_index = model_index();
   c.scheduler = scheduler_config();
-  c.transformer = {{"_class_name", "FluxTransformer2DModel"},
-                   {"_diffusers_version", kDiffusersVersion},
-                   {"attention_head_dim", p.attention_head_dim},
-                   {"axes_dims_rope", p.axes_dims_rope},
-                   {"guidance_embeds", true},
-                   {"in_channels", 4 * kLatentChannels},
-                   {"joint_attention_dim", p.t5_d_model},
-                   {"num_attention_heads", p.num_attention_heads},
-                   {"num_layers", p.num_layers},
-                   {"num_single_layers", p.num_single_layers},
-                   {"out_channels", nullptr},
-                   {"patch_size", 1},
-                   {"pooled_projection_dim", p.clip_hidden}};
-  const size_t levels = p.vae_block_out_channels.size();
-  c.vae = {{"_class_name", "AutoencoderKL"},
-           {"_diffusers_version", kDiffusersVersion},
-           {"act_fn", "silu"},
-           {"block_out_channels", p.vae_block_out_channels},
-           {"down_block_types", std::vector<std::string>(levels, "DownEncoderBlock2D")},
-           {"force_upcast", true},
-           {"in_channels", 3},
-           {"latent_channels", kLatentChannels},
-           {"latents_mean", nullptr},
-           {"latents_std", nullptr},
-           {"layers_per_block", p.vae_layers_per_block},
-           {"mid_block_add_attention", true},
-           {"norm_num_groups", p.vae_norm_num_groups},
-           {"out_channels", 3},
-           {"sample_size", p.vae_sample_size},
-           {"scaling_factor", 0.3611},
-           {"shift_factor", 0.1159},
-           {"up_block_types", std::vector<std::string>(levels, "UpDecoderBlock2D")},
-           {"use_post_quant_conv", false},
-           {"use_quant_conv", false}};
-  // As PretrainedConfig.save_pretrained writes them (FLUX.1's text_encoder/
-  // and text_encoder_2/, the layout of shared/ref/TEXT.md).
-  c.text_encoder = {{"architectures", json::array({"CLIPTextModel"})},
-                    {"attention_dropout", 0.0},
-                    {"bos_token_id", 0},
-                    {"dtype", "float32"},
-                    {"eos_token_id", 2},
-                    {"hidden_act", "quick_gelu"},
-                    {"hidden_size", p.clip_hidden},
-                    {"initializer_factor", 1.0},
-                    {"initializer_range", 0.02},
-                    {"intermediate_size", p.clip_intermediate},
-                    {"layer_norm_eps", 1e-05},
-                    {"max_position_embeddings", 77},
-                    {"model_type", "clip_text_model"},
-                    {"num_attention_heads", p.clip_heads},
-                    {"num_hidden_layers", p.clip_layers},
-                    {"pad_token_id", 1},
-                    {"projection_dim", p.clip_hidden},
-                    {"transformers_version", kTransformersVersion},
-                    {"vocab_size", clip_vocab_size}};
-  c.text_encoder_2 = {{"architectures", json::array({"T5EncoderModel"})},
-                      {"classifier_dropout", 0.0},
-                      {"d_ff", p.t5_d_ff},
-                      {"d_kv", p.t5_d_kv},
-                      {"d_model", p.t5_d_model},
-                      {"decoder_start_token_id", 0},
-                      {"dense_act_fn", "gelu_new"},
-                      {"dropout_rate", 0.1},
-                      {"dtype", "float32"},
-                      {"eos_token_id", 1},
-                      {"feed_forward_proj", "gated-gelu"},
-                      {"initializer_factor", 1.0},
-                      {"is_encoder_decoder", false},
-                      {"is_gated_act", true},
-                      {"layer_norm_epsilon", 1e-06},
-                      {"model_type", "t5"},
-                      {"num_decoder_layers", p.t5_layers},
-                      {"num_heads", p.t5_heads},
-                      {"num_layers", p.t5_layers},
-                      {"pad_token_id", 0},
-                      {"relative_attention_max_distance", 128},
-                      {"relative_attention_num_buckets", 32},
-                      {"tie_word_embeddings", false},
-                      {"transformers_version", kTransformersVersion},
-                      {"use_cache", false},
-                      {"vocab_size", round_up(t5_tokenizer_length, 64)}};
+  c.transformer = transformer_config(p);
+  c.vae = vae_config(p);
+  c.text_encoder = clip_config(p, clip_vocab_size);
+  c.text_encoder_2 = t5_config(p, t5_tokenizer_length);
   check_flux_pipeline_configs(c, clip_vocab_size, t5_tokenizer_length);
   return c;
 }
@@ -225,5 +241,23 @@ InitModelSummary write_flux_pipeline(const std::string& dir, const FluxPreset& p
   });
   return summary;
 }
+
+namespace {
+
+// `tprun init-model --arch flux`.
+ResolvedPreset resolve_flux(const std::string&, const std::string& name) {
+  const FluxPreset preset = flux_preset(name);
+  return {fmt::format("FLUX.1 pipeline '{}'", name), [preset](const std::string& dir, uint64_t seed, bool force) {
+            WrittenPreset w;
+            w.summary = write_flux_pipeline(dir, preset, seed, force);
+            w.details = fmt::format("CLIP vocabulary {}, T5 tokenizer {}", w.summary.clip_vocab_size,
+                                    w.summary.t5_tokenizer_length);
+            return w;
+          }};
+}
+
+}  // namespace
+
+TPRUN_REGISTER_PRESET({"FLUX.1", "flux", "FLUX.1, FluxPipeline", flux_preset_names(), resolve_flux});
 
 }  // namespace tprun::presets

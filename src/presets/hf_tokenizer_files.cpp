@@ -12,6 +12,7 @@
 
 #include "checkpoint/safetensors_writer.h"
 #include "text/bpe_trainer.h"
+#include "text/byte_level.h"
 #include "text/chat_template.h"
 #include "text/hf_regex.h"
 #include "text/tokenizer_common.h"
@@ -90,7 +91,7 @@ ByteLevelBpe train_byte_level_bpe(const std::vector<std::string>& texts, const s
       throw ConfigError(fmt::format("BPE training: split pattern: {}", e.what()));
     }
   }();
-  const std::vector<std::string> byte_symbol = text::clip_byte_symbols();
+  const std::vector<std::string> byte_symbol = text::byte_level_symbols();
   std::vector<std::string> ordered = byte_symbol;
   std::sort(ordered.begin(), ordered.end());  // bytes_to_unicode()'s order (code point order)
 

@@ -22,7 +22,7 @@ class Error : public std::runtime_error {
   bool all_ranks() const noexcept { return all_ranks_; }
   // "config error", "checkpoint error", ...
   const char* kind_name() const noexcept;
-  // Process exit code for this kind (README "Exit codes").
+  // Process exit code for this kind (README "Exit codes"; docs/jobs.md).
   int exit_code() const noexcept;
 
  private:

@@ -6,23 +6,12 @@
 
 #include <fmt/format.h>
 
+#include "text/byte_level.h"
 #include "text/clip_text_clean.h"
 #include "text/tokenizer_common.h"
 #include "runtime/error.h"
 
 namespace tprun::text {
-
-std::vector<std::string> clip_byte_symbols() {
-  auto printable = [](int b) {
-    return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-  };
-  std::vector<std::string> table(256);
-  int n = 0;
-  for (int b = 0; b < 256; ++b)
-    append_utf8(table[static_cast<size_t>(b)],
-                printable(b) ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++));
-  return table;
-}
 
 namespace {
 
@@ -103,7 +92,7 @@ void learn_bpe_merges(std::vector<BpeWord>& words, int64_t num_merges, std::vect
 
 BpeVocabulary train_clip_bpe(const std::vector<std::string>& texts, int64_t num_merges) {
   if (num_merges < 0) throw ConfigError(fmt::format("BPE training: number of merges {} is negative", num_merges));
-  const std::vector<std::string> byte_symbol = clip_byte_symbols();
+  const std::vector<std::string>& byte_symbol = byte_level_symbols();
   // bytes_to_unicode()'s dict order: the printable bytes, then the others;
   // that is the symbols' code point (= UTF-8 byte) order.
   std::vector<std::string> ordered = byte_symbol;

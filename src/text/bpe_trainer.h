@@ -14,10 +14,6 @@
 
 namespace tprun::text {
 
-// openai CLIP's bytes_to_unicode(): the symbol (UTF-8) of each byte value,
-// indexed by byte.
-std::vector<std::string> clip_byte_symbols();
-
 struct BpeVocabulary {
   // Merge rank order (merges.txt lines after "#version: 0.2").
   std::vector<std::pair<std::string, std::string>> merges;

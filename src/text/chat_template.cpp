@@ -144,13 +144,7 @@ class JinjaCanonicalizer {
     size_t pos = 0;
     bool line_starting = true;
     while (pos < src_.size()) {
-      // The first tag start.
-      size_t start = std::string::npos;
-      for (size_t i = pos; i + 1 < src_.size(); ++i)
-        if (src_[i] == '{' && (src_[i + 1] == '{' || src_[i + 1] == '%' || src_[i + 1] == '#')) {
-          start = i;
-          break;
-        }
+      const size_t start = next_tag_start(pos);
       if (start == std::string::npos) {
         data(src_.substr(pos));
         break;
@@ -159,23 +153,8 @@ class JinjaCanonicalizer {
       size_t after = start + 2;
       char sign = 0;
       if (after < src_.size() && (src_[after] == '-' || src_[after] == '+')) sign = src_[after++];
-      std::string text = src_.substr(pos, start - pos);
-      if (sign == '-') {
-        text = rstrip(text);
-      } else if (sign != '+' && kind != '{') {  // lstrip_blocks
-        const size_t nl = text.rfind('\n');
-        const size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
-        if (l_pos > 0 || line_starting) {
-          const std::string tail = text.substr(l_pos);
-          if (!tail.empty() && rstrip(tail).empty()) text.resize(l_pos);
-        }
-      }
-      data(text);
-      if (kind == '#') {
-        pos = comment(after, line_starting);
-      } else {
-        pos = tag(kind, after, line_starting);
-      }
+      data(strip_before_tag(src_.substr(pos, start - pos), kind, sign, line_starting));
+      pos = kind == '#' ? comment(after, line_starting) : tag(kind, after, line_starting);
     }
     flush();
     return out_;
@@ -185,6 +164,28 @@ class JinjaCanonicalizer {
   std::string src_, out_, pending_;
 
   void data(const std::string& s) { pending_ += s; }
+
+  // The first "{{", "{%" or "{#" at or after `pos`, or npos.
+  size_t next_tag_start(size_t pos) const {
+    for (size_t i = pos; i + 1 < src_.size(); ++i)
+      if (src_[i] == '{' && (src_[i + 1] == '{' || src_[i + 1] == '%' || src_[i + 1] == '#')) return i;
+    return std::string::npos;
+  }
+
+  // The text before a tag after whitespace control: "-" strips all trailing
+  // whitespace; lstrip_blocks strips the spaces before a block or comment tag
+  // that starts its line, unless the tag says "+".
+  static std::string strip_before_tag(std::string text, char kind, char sign, bool line_starting) {
+    if (sign == '-') return rstrip(text);
+    if (sign == '+' || kind == '{') return text;
+    const size_t nl = text.rfind('\n');
+    const size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
+    if (l_pos > 0 || line_starting) {
+      const std::string tail = text.substr(l_pos);
+      if (!tail.empty() && rstrip(tail).empty()) text.resize(l_pos);
+    }
+    return text;
+  }
   void flush() {
     if (!pending_.empty()) out_ += "D " + json_quoted(pending_) + "\n";
     pending_.clear();
@@ -219,79 +220,86 @@ class JinjaCanonicalizer {
     return next;
   }
 
+  // At a tag's end marker ("%}", "-%}", "+%}", "}}", "-}}"): moves `pos` past
+  // it (and past the whitespace "-" or trim_blocks removes) and returns true.
+  bool tag_end(char kind, size_t& pos) const {
+    if (kind == '%') {
+      if (src_.compare(pos, 3, "+%}") == 0) {
+        pos += 3;
+        return true;
+      }
+      if (src_.compare(pos, 3, "-%}") == 0) {
+        pos = skip_space(pos + 3);
+        return true;
+      }
+      if (src_.compare(pos, 2, "%}") == 0) {
+        pos += 2;
+        if (pos < src_.size() && src_[pos] == '\n') ++pos;  // trim_blocks
+        return true;
+      }
+      return false;
+    }
+    if (src_.compare(pos, 3, "-}}") == 0) {
+      pos = skip_space(pos + 3);
+      return true;
+    }
+    if (src_.compare(pos, 2, "}}") == 0) {
+      pos += 2;
+      return true;
+    }
+    return false;
+  }
+
+  // One token inside a tag at `pos` (not whitespace): a number, a name, a
+  // string literal (by its decoded value) or an operator; returns the position after it.
+  size_t lex_token(size_t pos, std::vector<std::string>& tokens, std::vector<char>& balance) const {
+    const char c = src_[pos];
+    if (c >= '0' && c <= '9') {
+      size_t e = pos;
+      while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_' || src_[e] == '.')) ++e;
+      tokens.push_back("N" + src_.substr(pos, e - pos));
+      return e;
+    }
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      size_t e = pos;
+      while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+      tokens.push_back(src_.substr(pos, e - pos));
+      return e;
+    }
+    if (c == '\'' || c == '"') {
+      size_t e = pos + 1;
+      while (e < src_.size() && src_[e] != c) e += src_[e] == '\\' ? 2 : 1;
+      if (e >= src_.size()) lex_fail("an unclosed string literal", pos);
+      tokens.push_back("S" + json_quoted(unescape(src_.substr(pos + 1, e - pos - 1), pos)));
+      return e + 1;
+    }
+    static const char* kOps[] = {"**", "//", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~", "[", "]",
+                                 "(",  ")",  "{",  "}",  ">",  "<",  "=", ".", ":", "|", ",", ";"};
+    const char* op = nullptr;
+    for (const char* o : kOps)
+      if (src_.compare(pos, std::char_traits<char>::length(o), o) == 0) {
+        op = o;
+        break;
+      }
+    if (!op) lex_fail(fmt::format("unexpected character '{}' in a tag", c), pos);
+    const std::string o(op);
+    if (o == "(" || o == "[" || o == "{") balance.push_back(o == "(" ? ')' : o == "[" ? ']' : '}');
+    if (o == ")" || o == "]" || o == "}") {
+      if (balance.empty() || balance.back() != o[0]) lex_fail("unbalanced brackets in a tag", pos);
+      balance.pop_back();
+    }
+    tokens.push_back(o);
+    return pos + o.size();
+  }
+
   size_t tag(char kind, size_t pos, bool& line_starting) {
     std::vector<std::string> tokens;
     std::vector<char> balance;
     while (true) {
       if (pos >= src_.size()) lex_fail("an unclosed tag", pos);
-      if (balance.empty()) {
-        if (kind == '%') {
-          if (src_.compare(pos, 3, "+%}") == 0) {
-            pos += 3;
-            break;
-          }
-          if (src_.compare(pos, 3, "-%}") == 0) {
-            pos = skip_space(pos + 3);
-            break;
-          }
-          if (src_.compare(pos, 2, "%}") == 0) {
-            pos += 2;
-            if (pos < src_.size() && src_[pos] == '\n') ++pos;  // trim_blocks
-            break;
-          }
-        } else {
-          if (src_.compare(pos, 3, "-}}") == 0) {
-            pos = skip_space(pos + 3);
-            break;
-          }
-          if (src_.compare(pos, 2, "}}") == 0) {
-            pos += 2;
-            break;
-          }
-        }
-      }
-      const char c = src_[pos];
+      if (balance.empty() && tag_end(kind, pos)) break;
       const size_t ws = skip_space(pos);
-      if (ws != pos) {
-        pos = ws;
-        continue;
-      }
-      if ((c >= '0' && c <= '9')) {
-        size_t e = pos;
-        while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_' || src_[e] == '.'))
-          ++e;
-        tokens.push_back("N" + src_.substr(pos, e - pos));
-        pos = e;
-      } else if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
-        size_t e = pos;
-        while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
-        tokens.push_back(src_.substr(pos, e - pos));
-        pos = e;
-      } else if (c == '\'' || c == '"') {
-        size_t e = pos + 1;
-        while (e < src_.size() && src_[e] != c) e += src_[e] == '\\' ? 2 : 1;
-        if (e >= src_.size()) lex_fail("an unclosed string literal", pos);
-        tokens.push_back("S" + json_quoted(unescape(src_.substr(pos + 1, e - pos - 1), pos)));
-        pos = e + 1;
-      } else {
-        static const char* kOps[] = {"**", "//", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~", "[", "]",
-                                     "(",  ")",  "{",  "}",  ">",  "<",  "=", ".", ":", "|", ",", ";"};
-        const char* op = nullptr;
-        for (const char* o : kOps)
-          if (src_.compare(pos, std::char_traits<char>::length(o), o) == 0) {
-            op = o;
-            break;
-          }
-        if (!op) lex_fail(fmt::format("unexpected character '{}' in a tag", c), pos);
-        const std::string o(op);
-        if (o == "(" || o == "[" || o == "{") balance.push_back(o == "(" ? ')' : o == "[" ? ']' : '}');
-        if (o == ")" || o == "]" || o == "}") {
-          if (balance.empty() || balance.back() != o[0]) lex_fail("unbalanced brackets in a tag", pos);
-          balance.pop_back();
-        }
-        tokens.push_back(o);
-        pos += o.size();
-      }
+      pos = ws != pos ? ws : lex_token(pos, tokens, balance);
     }
     if (kind == '%' && !tokens.empty() && (tokens[0] == "raw" || tokens[0] == "include" || tokens[0] == "import" ||
                                            tokens[0] == "extends" || tokens[0] == "from"))

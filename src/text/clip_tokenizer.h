@@ -1,9 +1,10 @@
 #pragma once
-// CLIP's byte-level BPE tokenizer (transformers' slow CLIPTokenizer without
-// ftfy), read from a diffusers tokenizer/ folder: vocab.json, merges.txt,
-// tokenizer_config.json, special_tokens_map.json. the reference set shared/ref/TEXT.md
-// "tokenizer (CLIP)" states the steps; clip_text_clean.h holds the text
-// clean-up and the pre-tokeniser regex.
+// CLIP's byte-level BPE tokenizer (transformers' CLIPTokenizer without ftfy),
+// read from a diffusers tokenizer/ folder: vocab.json, merges.txt,
+// tokenizer_config.json, special_tokens_map.json. A prompt is split on the
+// added tokens; clip_text_clean.h cleans each other piece and splits it into
+// words; each word becomes byte-level symbols (byte_level.h) with "</w>" on
+// the last, merged by BpeMerges (bpe_merges.h) into tokens.
 
 #include <cstdint>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "text/bpe_merges.h"
 #include "text/tokenizer_common.h"
 
 namespace tprun::text {
@@ -34,19 +36,33 @@ class ClipTokenizer {
   size_t vocab_size() const { return vocab_.size(); }
 
  private:
-  // The BPE symbols of one pre-tokenised word (already byte-mapped).
-  std::vector<std::string> bpe(const std::string& word) const;
+  // The constructor's steps.
+  void read_vocab(const std::string& path);
+  void read_merges(const std::string& path);
+  void read_special_tokens(const std::string& config_path, const std::string& map_path,
+                           const std::string& vocab_path);
+  void map_symbols_to_tokens(const std::string& vocab_path);
+  // The symbol id of a BPE symbol string (one more when it is new).
+  uint32_t intern_symbol(const std::string& symbol);
+
+  // The token ids of one pre-tokenised word (already byte-mapped).
+  std::vector<int64_t> bpe(const std::string& word) const;
   int64_t token_id(const std::string& token) const;
 
   std::string dir_;
   std::unordered_map<std::string, int64_t> vocab_;
-  std::unordered_map<std::string, int64_t> merge_ranks_;  // "first second" -> rank
+  // BPE runs on symbol ids: every byte symbol, with and without "</w>", and
+  // every symbol merges.txt names; symbol_token_ maps them to token ids.
+  std::unordered_map<std::string, uint32_t> symbol_ids_;
+  std::vector<std::string> symbol_text_;
+  std::vector<int64_t> symbol_token_;
+  BpeMerges merges_;
   std::vector<AddedToken> added_;
-  std::string byte_symbol_[256];
+  AddedTokenTrie added_trie_;  // of added_, built at the end of the constructor
   int64_t bos_id_ = 0, eos_id_ = 0, pad_id_ = 0, unk_id_ = 0;
   int64_t model_max_length_ = 77;
   mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<std::string>> cache_;
+  mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
 };
 
 }  // namespace tprun::text

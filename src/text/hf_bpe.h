@@ -3,9 +3,8 @@
 // (models/bpe: merge_word + Word::merge_all, no dropout): each character of a
 // pre-tokenized piece is a symbol (unknown characters go to byte-fallback
 // <0xXX> tokens, else the unk token, else are dropped, as tokenizers does);
-// then the adjacent pair of lowest merge rank, leftmost first, is merged until
-// none is left. With ignore_merges a piece that is itself a vocabulary token is
-// that token.
+// then BpeMerges (bpe_merges.h) merges them. With ignore_merges a piece that
+// is itself a vocabulary token is that token.
 
 #include <cstdint>
 #include <string>
@@ -13,6 +12,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "text/bpe_merges.h"
 
 namespace tprun::text {
 
@@ -48,14 +49,16 @@ class BpeModel {
   bool fuse_unk() const { return fuse_unk_; }
 
  private:
-  struct Merge {
-    uint32_t rank;
-    uint32_t new_id;
-  };
-  static uint64_t pair_key(uint32_t a, uint32_t b) { return (static_cast<uint64_t>(a) << 32) | b; }
+  // from_json's steps.
+  static void check_options(const nlohmann::json& model, const std::string& file);
+  void read_vocab(const nlohmann::json& model, const std::string& file);
+  void read_unk(const nlohmann::json& model, const std::string& file);
+  void read_merges(const nlohmann::json& model, const std::string& file);
+  // One symbol per character of `piece`, before any merge.
+  std::vector<uint32_t> initial_symbols(const std::string& piece) const;
 
   std::unordered_map<std::string, uint32_t> vocab_;
-  std::unordered_map<uint64_t, Merge> merges_;
+  BpeMerges merges_;
   int64_t unk_id_ = -1;
   bool fuse_unk_ = false;
   bool byte_fallback_ = false;

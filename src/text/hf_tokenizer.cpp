@@ -9,6 +9,7 @@
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
 
+#include "text/byte_level.h"
 #include "text/hf_tokenizer_impl.h"
 #include "runtime/error.h"
 
@@ -44,28 +45,17 @@ size_t char_len_at(const std::string& s, size_t i) {
 }
 char32_t char_at(const std::string& s, size_t i) { return decode_utf8(s.substr(i, char_len_at(s, i)), "text")[0]; }
 
-struct Pattern {
-  std::string text;
-  const HfAddedToken* token;
-};
-
 // tokenizers' AddedVocabulary::find_matches (leftmost-longest, then
-// single_word / lstrip / rstrip) splitting one piece of text.
-void split_on(const std::string& s, const std::vector<Pattern>& patterns, bool skip_special, std::vector<Piece>& out) {
+// single_word / lstrip / rstrip) splitting one piece of text; `trie` indexes
+// `added`.
+void split_on(const std::string& s, const AddedTokenTrie& trie, const std::vector<HfAddedToken>& added,
+              bool skip_special, std::vector<Piece>& out) {
   size_t start_offset = 0, pos = 0;
   while (pos < s.size()) {
-    // Leftmost start, longest pattern there.
-    size_t mstart = std::string::npos, mlen = 0;
-    const HfAddedToken* token = nullptr;
-    for (size_t i = pos; i < s.size() && !token; ++i)
-      for (const auto& p : patterns)
-        if (p.text.size() > mlen && s.compare(i, p.text.size(), p.text) == 0) {
-          mstart = i;
-          mlen = p.text.size();
-          token = p.token;
-        }
-    if (!token) break;
-    size_t start = mstart, stop = mstart + mlen;
+    const auto match = trie.find(s, pos);
+    if (!match) break;
+    const HfAddedToken* token = &added[static_cast<size_t>(match->index)];
+    size_t start = match->begin, stop = match->end;
     pos = stop;
     if (skip_special && token->special) continue;
     if (token->single_word) {
@@ -91,7 +81,9 @@ void split_on(const std::string& s, const std::vector<Pattern>& patterns, bool s
   if (start_offset < s.size()) out.push_back({s.substr(start_offset), -1});
 }
 
-std::string normalize(const std::vector<HfNormalizerKind>& normalizers, const std::string& text) {
+}  // namespace
+
+std::string normalize_text(const std::vector<HfNormalizerKind>& normalizers, const std::string& text) {
   std::string cur = text;
   for (auto kind : normalizers) {
     UErrorCode status = U_ZERO_ERROR;
@@ -110,6 +102,8 @@ std::string normalize(const std::vector<HfNormalizerKind>& normalizers, const st
   }
   return cur;
 }
+
+namespace {
 
 void split_isolated(const std::string& text, const SplitRegex& regex, std::vector<Piece>& out) {
   const std::u32string u = decode_utf8(text, "text");
@@ -131,6 +125,60 @@ void split_isolated(const std::string& text, const SplitRegex& regex, std::vecto
   emit(prev, u.size());
 }
 
+// Steps 1-2: added tokens on the raw text, the normalizer, added tokens on the normalized pieces.
+std::vector<Piece> split_added_and_normalize(const HfTokenizer::Impl& impl, const std::string& text) {
+  std::vector<Piece> pieces, out;
+  split_on(text, impl.raw_added_trie, impl.added, impl.split_special_tokens, pieces);
+  for (auto& p : pieces) {
+    if (p.id >= 0) out.push_back(std::move(p));
+    else split_on(normalize_text(impl.normalizers, p.text), impl.normalized_added_trie, impl.added, impl.split_special_tokens, out);
+  }
+  return out;
+}
+
+// ByteLevel: the optional prefix space, the optional GPT-2 split, each byte as its symbol.
+void byte_level(const HfPreTokenizerStep& step, const std::string& text, std::vector<Piece>& out) {
+  const auto& byte_symbol = byte_level_symbols();
+  std::string s = text;
+  if (step.add_prefix_space && (s.empty() || s[0] != ' ')) s.insert(s.begin(), ' ');
+  std::vector<Piece> parts;
+  if (step.regex) split_isolated(s, *step.regex, parts);
+  else parts.push_back({s, -1});
+  for (auto& part : parts) {
+    std::string mapped;
+    for (unsigned char c : part.text) mapped += byte_symbol[c];
+    out.push_back({std::move(mapped), -1});
+  }
+}
+
+// Step 3: the pre-tokenizers in order, on the pieces that are not added tokens.
+std::vector<Piece> pre_tokenize(const HfTokenizer::Impl& impl, std::vector<Piece> pieces) {
+  std::vector<Piece> next;
+  for (const auto& step : impl.pre_tokenizers) {
+    next.clear();
+    for (auto& p : pieces) {
+      if (p.id >= 0) next.push_back(std::move(p));
+      else if (step.kind == HfPreTokenizerStep::Kind::kSplit) split_isolated(p.text, *step.regex, next);
+      else byte_level(step, p.text, next);
+    }
+    pieces.swap(next);
+  }
+  return pieces;
+}
+
+// Step 5: the post-processor's templates around `ids`.
+std::vector<int64_t> post_process(const HfTokenizer::Impl& impl, std::vector<int64_t> ids) {
+  for (const auto& step : impl.post_processor) {
+    std::vector<int64_t> out;
+    for (const auto& item : step.items) {
+      if (item.sequence) out.insert(out.end(), ids.begin(), ids.end());
+      else out.insert(out.end(), item.ids.begin(), item.ids.end());
+    }
+    ids.swap(out);
+  }
+  return ids;
+}
+
 }  // namespace
 
 HfTokenizer HfTokenizer::load(const std::string& folder, const std::string& transformers_class) {
@@ -140,111 +188,45 @@ HfTokenizer HfTokenizer::load(const std::string& folder, const std::string& tran
 }
 
 std::vector<int64_t> HfTokenizer::encode(const std::string& text, bool add_special_tokens) const {
-  const Impl& m = *impl_;
+  const Impl& impl = *impl_;
   if (text.size() > kMaxTextBytes)
     throw RequestError(fmt::format("text of {} bytes is longer than the {} bytes tprun tokenizes", text.size(), kMaxTextBytes));
   decode_utf8(text, "prompt");  // RequestError for invalid UTF-8
-
-  // 1-2. Added tokens on the raw text, normalizer, added tokens on the normalized pieces.
-  std::vector<Pattern> raw, normalized;
-  for (const auto& t : m.added) {
-    if (t.normalized) normalized.push_back({normalize(m.normalizers, t.content), &t});
-    else raw.push_back({t.content, &t});
-  }
-  std::vector<Piece> pieces, next;
-  split_on(text, raw, m.split_special_tokens, pieces);
-  for (auto& p : pieces) {
-    if (p.id >= 0) {
-      next.push_back(std::move(p));
-      continue;
-    }
-    split_on(normalize(m.normalizers, p.text), normalized, m.split_special_tokens, next);
-  }
-  pieces.swap(next);
-
-  // 3. Pre-tokenizers.
-  for (const auto& step : m.pre_tokenizers) {
-    next.clear();
-    for (auto& p : pieces) {
-      if (p.id >= 0) {
-        next.push_back(std::move(p));
-        continue;
-      }
-      if (step.kind == HfPreTokenizerStep::Kind::kSplit) {
-        split_isolated(p.text, *step.regex, next);
-        continue;
-      }
-      std::string s = p.text;
-      if (step.add_prefix_space && (s.empty() || s[0] != ' ')) s.insert(s.begin(), ' ');
-      std::vector<Piece> parts;
-      if (step.regex) split_isolated(s, *step.regex, parts);
-      else parts.push_back({s, -1});
-      for (auto& part : parts) {
-        std::string mapped;
-        for (unsigned char c : part.text) mapped += m.byte_symbols[c];
-        next.push_back({std::move(mapped), -1});
-      }
-    }
-    pieces.swap(next);
-  }
-
-  // 4. Model.
-  std::vector<int64_t> ids;
+  const std::vector<Piece> pieces = pre_tokenize(impl, split_added_and_normalize(impl, text));
+  std::vector<int64_t> ids;  // step 4: the model
   for (const auto& p : pieces) {
     if (p.id >= 0) ids.push_back(p.id);
-    else m.model.tokenize(p.text, ids);
+    else impl.model.tokenize(p.text, ids);
   }
-
-  // 5. Post-processor.
-  if (add_special_tokens) {
-    for (const auto& step : m.post_processor) {
-      std::vector<int64_t> out;
-      for (const auto& item : step.items) {
-        if (item.sequence) out.insert(out.end(), ids.begin(), ids.end());
-        else out.insert(out.end(), item.ids.begin(), item.ids.end());
-      }
-      ids.swap(out);
-    }
-  }
-  return ids;
+  return add_special_tokens ? post_process(impl, std::move(ids)) : ids;
 }
 
 TokenizerOutput HfTokenizer::encode_padded(const std::string& text, int64_t max_length, bool add_special_tokens) const {
-  const Impl& m = *impl_;
-  const int64_t n_special = add_special_tokens ? m.special_tokens_added() : 0;
+  const Impl& impl = *impl_;
+  const int64_t n_special = add_special_tokens ? impl.special_tokens_added() : 0;
   if (max_length < 1 || max_length < n_special)
-    throw RequestError(fmt::format("tokenizer {}: max_length {} is shorter than the {} special tokens it adds", m.folder,
+    throw RequestError(fmt::format("tokenizer {}: max_length {} is shorter than the {} special tokens it adds", impl.folder,
                                    max_length, n_special));
-  if (!m.pad_id)
+  if (!impl.pad_id)
     throw RequestError(fmt::format("tokenizer {}: padding to max_length needs a pad token and the tokenizer has none "
                                    "(tokenizer_config.json pad_token)",
-                                   m.folder));
+                                   impl.folder));
   std::vector<int64_t> content = encode(text, /*add_special_tokens=*/false);
   TokenizerOutput out;
   out.untruncated_length = static_cast<int64_t>(content.size()) + n_special;
   const size_t keep = static_cast<size_t>(max_length - n_special);
   if (content.size() > keep) {
-    if (m.truncate_left) content.erase(content.begin(), content.end() - static_cast<std::ptrdiff_t>(keep));
+    if (impl.truncate_left) content.erase(content.begin(), content.end() - static_cast<std::ptrdiff_t>(keep));
     else content.resize(keep);
   }
-  std::vector<int64_t> ids = content;
-  if (add_special_tokens) {
-    for (const auto& step : m.post_processor) {
-      std::vector<int64_t> next;
-      for (const auto& item : step.items) {
-        if (item.sequence) next.insert(next.end(), ids.begin(), ids.end());
-        else next.insert(next.end(), item.ids.begin(), item.ids.end());
-      }
-      ids.swap(next);
-    }
-  }
+  std::vector<int64_t> ids = add_special_tokens ? post_process(impl, std::move(content)) : std::move(content);
   const size_t pad = static_cast<size_t>(max_length) - ids.size();
   std::vector<int64_t> mask(ids.size(), 1);
-  if (m.pad_left) {
-    ids.insert(ids.begin(), pad, *m.pad_id);
+  if (impl.pad_left) {
+    ids.insert(ids.begin(), pad, *impl.pad_id);
     mask.insert(mask.begin(), pad, 0);
   } else {
-    ids.insert(ids.end(), pad, *m.pad_id);
+    ids.insert(ids.end(), pad, *impl.pad_id);
     mask.insert(mask.end(), pad, 0);
   }
   out.input_ids = std::move(ids);
@@ -253,11 +235,11 @@ TokenizerOutput HfTokenizer::encode_padded(const std::string& text, int64_t max_
 }
 
 ChatTemplateKind HfTokenizer::chat_template(ChatCaller caller) const {
-  const Impl& m = *impl_;
-  const auto& src = caller == ChatCaller::kProcessor ? m.processor_chat_template : m.tokenizer_chat_template;
+  const Impl& impl = *impl_;
+  const auto& src = caller == ChatCaller::kProcessor ? impl.processor_chat_template : impl.tokenizer_chat_template;
   if (!src)
     throw CheckpointError(fmt::format(
-        "{}: no chat template for the {} (looked for {})", m.folder,
+        "{}: no chat template for the {} (looked for {})", impl.folder,
         caller == ChatCaller::kProcessor ? "processor" : "tokenizer",
         caller == ChatCaller::kProcessor ? "processor_config.json chat_template, chat_template.json, chat_template.jinja"
                                          : "chat_template.jinja, tokenizer_config.json chat_template"));

@@ -7,14 +7,15 @@
 // Pipeline of one text (tokenizers' Tokenizer::encode):
 //  1. added tokens (tokenizer.json "added_tokens" and tokenizer_config.json
 //     "added_tokens_decoder", plus the named special tokens) are found first,
-//     leftmost-longest; lstrip/rstrip swallow the whitespace next to them,
+//     leftmost-longest, with tries built at load (added_token_trie.h);
+//     lstrip/rstrip swallow the whitespace next to them,
 //     single_word ones match only between non-word characters; tokens with
 //     normalized=false are matched on the raw text, the others on the
 //     normalized pieces between those; split_special_tokens=true turns the
 //     special ones off;
 //  2. the normalizer (NFC, NFD, NFKC, NFKD, Sequence) on the other pieces;
-//  3. the pre-tokenizer (Split with a regex, behavior Isolated; ByteLevel with
-//     add_prefix_space and use_regex; Sequence);
+//  3. the pre-tokenizer (Split with a regex (hf_regex.h), behavior Isolated;
+//     ByteLevel with add_prefix_space and use_regex; Sequence);
 //  4. the BPE model (hf_bpe.h) on each piece;
 //  5. the post-processor (ByteLevel adds nothing; TemplateProcessing adds its
 //     special tokens when add_special_tokens; Sequence) - tokenizer.json's,

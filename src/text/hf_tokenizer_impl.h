@@ -1,12 +1,14 @@
 #pragma once
-// Internals of HfTokenizer shared by hf_tokenizer_load.cpp (reading a folder)
-// and hf_tokenizer.cpp (encoding). Not for other users.
+// Internals of HfTokenizer shared by hf_tokenizer_load.cpp and
+// hf_tokenizer_added_tokens.cpp (reading a folder) and hf_tokenizer.cpp
+// (encoding). Not for other users.
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "text/added_token_trie.h"
 #include "text/chat_template.h"
 #include "text/hf_bpe.h"
 #include "text/hf_regex.h"
@@ -67,13 +69,15 @@ struct HfTokenizer::Impl {
   std::vector<HfPreTokenizerStep> pre_tokenizers;
   std::vector<HfTemplateStep> post_processor;  // applied in order
   std::vector<HfAddedToken> added;             // one per content
+  // Indexes into `added`, built once at load: the normalized=false contents as
+  // they are, the others normalized (matched on the normalized text).
+  AddedTokenTrie raw_added_trie, normalized_added_trie;
   bool split_special_tokens = false;
   std::optional<std::string> bos_token, pad_token;
   std::optional<int64_t> pad_id;
   bool pad_left = false;
   bool truncate_left = false;
   std::optional<HfChatTemplateSource> tokenizer_chat_template, processor_chat_template;
-  std::vector<std::string> byte_symbols;  // ByteLevel's byte -> symbol (UTF-8)
 
   int64_t special_tokens_added() const {
     int64_t n = 0;
@@ -86,6 +90,32 @@ struct HfTokenizer::Impl {
     return std::nullopt;
   }
 };
+
+// The JSON files of a tokenizer folder that loading reads, with their paths
+// for messages (tokenizer_config.json and special_tokens_map.json are {} when
+// absent).
+struct HfFolderFiles {
+  nlohmann::json tokenizer_json;
+  std::string tokenizer_file;  // <folder>/tokenizer.json
+  nlohmann::json config;       // tokenizer_config.json
+  std::string config_file;
+  nlohmann::json special_map;
+  std::string map_file;
+};
+
+// hf_tokenizer_load.cpp: CheckpointError "<file>: <field> <what>".
+[[noreturn]] void bad_field(const std::string& file, const std::string& field, const std::string& what);
+// An optional boolean field `key` of `obj` (`where` is its parent, for messages).
+bool json_bool_field(const nlohmann::json& obj, const char* key, bool fallback, const std::string& file,
+                     const std::string& where);
+
+// hf_tokenizer_added_tokens.cpp: the added tokens, bos / pad token strings and
+// the added-token tries, as transformers builds them for the class (`qwen2`:
+// Qwen2Tokenizer, else tokenizer.json as it is).
+void load_added_tokens(HfTokenizer::Impl& impl, const HfFolderFiles& files, bool qwen2);
+
+// hf_tokenizer.cpp: the normalizer sequence on one text (RequestError when ICU fails).
+std::string normalize_text(const std::vector<HfNormalizerKind>& normalizers, const std::string& text);
 
 // hf_tokenizer_load.cpp: reads and checks the folder.
 std::shared_ptr<HfTokenizer::Impl> load_hf_tokenizer(const std::string& folder, const std::string& transformers_class);

@@ -12,11 +12,6 @@
 namespace tprun::text {
 namespace fs = std::filesystem;
 
-namespace {
-
-
-}  // namespace
-
 T5Tokenizer::T5Tokenizer(const std::string& dir)
     : dir_(dir), sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
   const fs::path root(dir);
@@ -64,6 +59,7 @@ T5Tokenizer::T5Tokenizer(const std::string& dir)
   pad_id_ = special("pad_token", "<pad>");
   vocab_size_ = pieces;
   for (const auto& t : added_) vocab_size_ = std::max(vocab_size_, t.id + 1);
+  added_trie_ = added_token_trie(added_);
 }
 
 T5Tokenizer::~T5Tokenizer() = default;
@@ -75,7 +71,7 @@ int64_t T5Tokenizer::token_id(const std::string& token) const {
 }
 
 std::vector<int64_t> T5Tokenizer::content_ids(const std::string& prompt) const {
-  return content_ids_with(prompt, added_, [this](const std::string& text, std::vector<int64_t>& ids) {
+  return content_ids_with(prompt, added_, added_trie_, [this](const std::string& text, std::vector<int64_t>& ids) {
     // legacy=True: the whole piece through SentencePiece (its normaliser drops
     // leading/trailing whitespace, collapses runs and adds the "▁" prefix).
     std::vector<std::string> sp_pieces;

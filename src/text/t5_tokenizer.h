@@ -1,8 +1,9 @@
 #pragma once
 // T5's SentencePiece tokenizer (transformers' slow T5Tokenizer, legacy=True,
 // as FLUX.1's tokenizer_2/ configures it) through libsentencepiece:
-// spiece.model, tokenizer_config.json, special_tokens_map.json.
-// the reference set shared/ref/TEXT.md "tokenizer_2 (T5)" states the steps.
+// spiece.model, tokenizer_config.json, special_tokens_map.json. A prompt is
+// split on the added tokens (<extra_id_n>, eos, unk, pad); each other piece
+// goes through SentencePiece whole; eos is appended unless already last.
 
 #include <cstdint>
 #include <memory>
@@ -44,6 +45,7 @@ class T5Tokenizer {
   std::string dir_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   std::vector<AddedToken> added_;
+  AddedTokenTrie added_trie_;  // of added_, built at the end of the constructor
   int64_t eos_id_ = 1, pad_id_ = 0, unk_id_ = 2, vocab_size_ = 0;
 };
 

@@ -68,24 +68,28 @@ static std::string py_strip(const std::string& s, bool left, bool right) {
   return encode_utf8(u.substr(b, e - b));
 }
 
-std::vector<TextPiece> split_on_added_tokens(const std::string& text, const std::vector<AddedToken>& tokens) {
+AddedTokenTrie added_token_trie(const std::vector<AddedToken>& tokens) {
+  AddedTokenTrie trie;
+  for (size_t k = 0; k < tokens.size(); ++k) trie.add(tokens[k].content, static_cast<int32_t>(k));
+  return trie;
+}
+
+std::vector<TextPiece> split_on_added_tokens(const std::string& text, const std::vector<AddedToken>& tokens,
+                                             const AddedTokenTrie& trie) {
   std::vector<TextPiece> pieces;
   std::string pending;
   size_t i = 0;
   while (i < text.size()) {
-    const AddedToken* best = nullptr;
-    for (const auto& t : tokens)
-      if (text.compare(i, t.content.size(), t.content) == 0 && (!best || t.content.size() > best->content.size()))
-        best = &t;
-    if (!best) {
-      pending += text[i++];
-      continue;
-    }
+    const auto match = trie.find(text, i);
+    if (!match) break;
+    const AddedToken* best = &tokens[static_cast<size_t>(match->index)];
+    pending.append(text, i, match->begin - i);
     pieces.push_back({std::move(pending), nullptr});
     pending.clear();
     pieces.push_back({best->content, best});
-    i += best->content.size();
+    i = match->end;
   }
+  pending.append(text, i, std::string::npos);
   pieces.push_back({std::move(pending), nullptr});
   // lstrip / rstrip of the added tokens (transformers strips the neighbours).
   for (size_t k = 0; k < pieces.size(); ++k) {

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "text/added_token_trie.h"
+
 namespace tprun::text {
 
 // One prompt, tokenized the way FluxPipeline calls the tokenizer
@@ -36,12 +38,12 @@ struct TextPiece {
   const AddedToken* token = nullptr;  // set when the piece is an added token
 };
 
-// Reads "added_tokens_decoder" of a parsed tokenizer_config.json (`file`
-// names it in errors). Throws CheckpointError on malformed entries.
 // A tokenizer folder's optional JSON file (tokenizer_config.json, ...): an
 // empty object when absent; CheckpointError naming the file when not an object.
 nlohmann::json read_optional_json(const std::string& path, const std::string& what);
 
+// Reads "added_tokens_decoder" of a parsed tokenizer_config.json (`file`
+// names it in errors). Throws CheckpointError on malformed entries.
 std::vector<AddedToken> parse_added_tokens(const nlohmann::json& config, const std::string& file);
 
 // The string of a special token entry ("<pad>" or {"content": "<pad>", ...})
@@ -51,10 +53,16 @@ std::string special_token_string(const nlohmann::json& special_map, const std::s
                                  const nlohmann::json& config, const std::string& config_file,
                                  const std::string& key);
 
+// The trie of `tokens`' contents (index = position in `tokens`), built once
+// when a tokenizer loads.
+AddedTokenTrie added_token_trie(const std::vector<AddedToken>& tokens);
+
 // transformers' PreTrainedTokenizer.tokenize split: the added tokens found in
-// `text` (leftmost, longest) become their own pieces; lstrip/rstrip strip the
-// whitespace next to them; empty pieces are dropped.
-std::vector<TextPiece> split_on_added_tokens(const std::string& text, const std::vector<AddedToken>& tokens);
+// `text` (leftmost, longest; `trie` = added_token_trie(tokens)) become their
+// own pieces; lstrip/rstrip strip the whitespace next to them; empty pieces
+// are dropped.
+std::vector<TextPiece> split_on_added_tokens(const std::string& text, const std::vector<AddedToken>& tokens,
+                                             const AddedTokenTrie& trie);
 
 // The content ids of a prompt (no special tokens added, no truncation):
 // RequestError for invalid UTF-8; the added tokens found in the prompt become
@@ -62,7 +70,7 @@ std::vector<TextPiece> split_on_added_tokens(const std::string& text, const std:
 // appends that piece's ids.
 template <typename EncodeText>
 std::vector<int64_t> content_ids_with(const std::string& prompt, const std::vector<AddedToken>& added,
-                                      EncodeText encode_text);
+                                      const AddedTokenTrie& trie, EncodeText encode_text);
 
 // UTF-8 <-> code points. decode_utf8 throws RequestError naming `what` on
 // invalid UTF-8.
@@ -94,10 +102,10 @@ TokenizerOutput finish_encoding(std::vector<int64_t> content, int64_t max_length
 
 template <typename EncodeText>
 std::vector<int64_t> content_ids_with(const std::string& prompt, const std::vector<AddedToken>& added,
-                                      EncodeText encode_text) {
+                                      const AddedTokenTrie& trie, EncodeText encode_text) {
   decode_utf8(prompt, "prompt");
   std::vector<int64_t> ids;
-  for (const auto& piece : split_on_added_tokens(prompt, added)) {
+  for (const auto& piece : split_on_added_tokens(prompt, added, trie)) {
     if (piece.token) {
       ids.push_back(piece.token->id);
     } else {

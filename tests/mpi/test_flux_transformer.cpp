@@ -65,7 +65,8 @@ std::string first_divergence(const FluxTrace& trace, double tol) {
 class FluxTp : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(data_dir() / "expected.safetensors")) GTEST_SKIP() << "reference data missing";
+    ASSERT_TRUE(fs::exists(data_dir() / "expected.safetensors"))
+        << "committed reference data missing: " << data_dir() / "expected.safetensors";
     comm_ = std::make_unique<dist::MpiCommunicator>(MPI_COMM_WORLD, "world", dist::CommWatchdog::global());
     tp_ = {comm_->rank(), comm_->size(), comm_.get()};
     if (4 % tp_.size != 0) GTEST_SKIP() << "the reference model has 4 heads";
@@ -141,7 +142,7 @@ TEST_F(FluxTp, HalfPrecisionWithinLooserTolerance) {
 
 TEST(FluxPlan, TpThatDoesNotDivideHeadsFailsBeforeAnyByteIsRead) {
   const fs::path dir = data_dir() / "model";
-  if (!fs::exists(dir)) GTEST_SKIP() << "reference data missing";
+  ASSERT_TRUE(fs::exists(dir)) << "committed reference data missing: " << dir;
   std::string cfg_path;
   auto cfg = read_component_config(dir.string(), &cfg_path);
   auto ck = std::make_shared<const checkpoint::ComponentCheckpoint>(checkpoint::ComponentCheckpoint::open(dir.string()));
@@ -163,7 +164,7 @@ TEST(FluxPlan, TpThatDoesNotDivideHeadsFailsBeforeAnyByteIsRead) {
 
 TEST(FluxPlan, WrongShapeInCheckpointNamesTensorAndShapes) {
   const fs::path dir = data_dir() / "model_single";
-  if (!fs::exists(dir)) GTEST_SKIP() << "reference data missing";
+  ASSERT_TRUE(fs::exists(dir)) << "committed reference data missing: " << dir;
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const fs::path bad = fs::temp_directory_path() / fmt::format("tprun_flux_bad_shape_r{}", rank);

@@ -9,6 +9,8 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include "dist/comm_watchdog.h"
+#include "dist/control_plane.h"
 #include "jobs/hdf5_store.h"
 
 namespace tprun::jobs {
@@ -42,7 +44,8 @@ TEST(Hdf5Store, RanksWriteTheirOwnRequests) {
   std::set<std::string> written;
   std::string final_path;
   {
-    Hdf5Store store(dir, true, true, srs, MPI_COMM_WORLD);
+    dist::ControlPlane control(dist::CommWatchdog::global());
+    Hdf5Store store(dir, true, true, srs, control, MPI_COMM_WORLD);
     for (int i = 0; i < 5; ++i) {  // r5 "failed": never written
       written.insert(reqs[i].id);
       if (i % world != rank) continue;

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 
 TEST(ShardOnLoad, SlicesGatherBackToTheReferenceTensors) {
   const fs::path dir = test::data_dir("flux_transformer") / "model";
-  if (!fs::exists(dir)) GTEST_SKIP() << "reference data missing";
+  ASSERT_TRUE(fs::exists(dir)) << "committed reference data missing: " << dir;
   dist::MpiCommunicator comm(MPI_COMM_WORLD, "world", dist::CommWatchdog::global());
   const int tp = comm.size();
   if (4 % tp != 0) GTEST_SKIP() << "the reference model has 4 heads";

@@ -41,7 +41,8 @@ std::unique_ptr<T5Encoder> load_t5(const parallel::TpContext& tp, const ModelOpt
 class T5Tp : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(data_dir() / "expected.safetensors")) GTEST_SKIP() << "reference data missing";
+    ASSERT_TRUE(fs::exists(data_dir() / "expected.safetensors"))
+        << "committed reference data missing: " << data_dir() / "expected.safetensors";
     comm_ = std::make_unique<dist::MpiCommunicator>(MPI_COMM_WORLD, "world", dist::CommWatchdog::global());
     tp_ = {comm_->rank(), comm_->size(), comm_.get()};
     if (4 % tp_.size != 0) GTEST_SKIP() << "the reference T5 has 4 heads";

@@ -14,7 +14,8 @@ chat_template.h) against transformers 5 and the tokenizers library.
   hf_tokenizer_parity.py UNIT_TEST_BINARY
       The ctest check: (1) cases.json still equals what this venv's transformers gives;
       (2) tprun writes its own Qwen3 and Mistral-3 folders (tprun_unit_tests
-      --gtest_filter=HfTokenizerFiles.WriteForParity); (3) on every folder, the fixture
+      --gtest_filter=HfTokenizerFiles.WriteForParity, which first checks that they load back with
+      the size the writer returned and that each added token encodes to its id); (3) on every folder, the fixture
       prompts and seeded random ones go through transformers and through tprun
       (HfTokenizerFiles.DumpForParity): plain ids, ids with special tokens, padded and
       truncated ids + attention masks at 512 and 16, and the pipelines' chat encodings

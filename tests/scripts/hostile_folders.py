@@ -101,7 +101,7 @@ def write_manifest(work, name, model, body, requests=None):
     return path, os.path.join(work, name + "-out")
 
 
-# ---- fault 14 -------------------------------------------------------------------------------
+# ---- component classes ----------------------------------------------------------------------
 
 def case_component_class_model_index(work):
     klein = H.init_model(work, "flux2-klein")
@@ -179,7 +179,7 @@ def case_component_class_config(work):
             f"forward on _class_name 5: exit {rc}, says it is not a string" + ("" if rc in (3, 4) else log[-800:]))
 
 
-# ---- fault 8 --------------------------------------------------------------------------------
+# ---- VAE tiles ------------------------------------------------------------------------------
 
 def case_vae_tiles(work):
     klein = H.init_model(work, "flux2-klein")
@@ -207,7 +207,7 @@ def case_vae_tiles(work):
     H.check(rc == 0, f"16 px tiles run: exit {rc}" + ("" if rc == 0 else log[-1500:]))
 
 
-# ---- fault 15 -------------------------------------------------------------------------------
+# ---- tokenizer folders, prompts and manifest text -------------------------------------------
 
 def qwen3_template(klein):
     tok = os.path.join(klein, "tokenizer")

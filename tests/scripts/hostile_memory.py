@@ -19,7 +19,6 @@ Cases (one ctest entry each; `hostile_memory.py TPRUN MPIRUN CASE`):
                         mounted): exit 7, an I/O error naming the path and the errno text.
 """
 import glob
-import json
 import os
 import re
 import signal
@@ -32,7 +31,8 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tprun_harness import Harness, run_cases, transformer_inputs  # noqa: E402
+from tprun_harness import (  # noqa: E402
+    Harness, jsonl, prompt_rows, run_cases, transformer_inputs, write_manifest)
 
 H = None
 EXACT_TOL = 1e-5
@@ -97,32 +97,12 @@ def groups_logged(log):
     return [int(m.group(1)) for m in re.finditer(r"\d+ of \d+ tensors in (\d+) offload groups", log)]
 
 
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
-
 def job(work, name, folder, out, dp=1, memory=""):
-    requests = write(os.path.join(work, f"{name}.jsonl"),
-                     "".join(json.dumps({"id": f"r{i}", "prompt": p}) + "\n"
-                             for i, p in enumerate(["a red fox", "a blue boat", "a green hill", "a grey cat"])))
-    return write(os.path.join(work, f"{name}.toml"), f"""model = "{folder}"
-requests = "{requests}"
-[parallel]
-tp = 1
-dp = {dp}
-[defaults]
-height = 32
-width = 32
-steps = 2
-max_sequence_length = 32
-seed = 5
-[output]
-dir = "{out}"
-[memory]
-{memory}
-""")
+    """work/NAME.toml: four requests r0..r3 at tp 1 x dp, `memory` as the [memory] table's body."""
+    requests = jsonl(os.path.join(work, f"{name}.jsonl"),
+                     prompt_rows(4, ["a red fox", "a blue boat", "a green hill", "a grey cat"], prefix="r"))
+    return write_manifest(os.path.join(work, f"{name}.toml"), folder, requests, out, parallel={"tp": 1, "dp": dp},
+                          tail=f"[memory]\n{memory}\n")
 
 
 def images(out):

@@ -39,44 +39,20 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tprun_harness import Harness, run_cases  # noqa: E402
+from tprun_harness import (  # noqa: E402
+    Harness, jsonl, prompt_rows, read, results, run_cases, tiny_flux, write, write_manifest)
 
 H = None
-PROMPTS = ["a red fox in the snow", "a lighthouse at dusk", "a bowl of fruit", "a city at night",
-           "a small boat on a lake", "a mountain village"]
-
-
-def write(path, text, mode="w"):
-    with open(path, mode) as f:
-        f.write(text)
-    return path
-
-
-def read(path, mode="rb"):
-    with open(path, mode) as f:
-        return f.read()
 
 
 def job(work, n_requests=4, name="job"):
     """A tiny model (made once per case), a requests file with n_requests prompts and its manifest."""
     model = os.path.join(work, "model")
     if not os.path.isdir(model):
-        subprocess.run([H.tprun, "init-model", model, "--arch", "flux", "--preset", "tiny"], check=True,
-                       stdout=subprocess.DEVNULL)
-    req = write(os.path.join(work, f"{name}.jsonl"),
-                "".join(json.dumps({"id": f"p{i}", "prompt": PROMPTS[i]}) + "\n" for i in range(n_requests)))
+        tiny_flux(H.tprun, model)
+    req = jsonl(os.path.join(work, f"{name}.jsonl"), prompt_rows(n_requests))
     out = os.path.join(work, "out")
-    return write(os.path.join(work, f"{name}.toml"), f"""model = "{model}"
-requests = "{req}"
-[defaults]
-height = 32
-width = 32
-steps = 2
-max_sequence_length = 32
-seed = 5
-[output]
-dir = "{out}"
-"""), out
+    return write_manifest(os.path.join(work, f"{name}.toml"), model, req, out), out
 
 
 def run(manifest, *extra, want=0):
@@ -100,10 +76,6 @@ def merge(out, *dirs, extra=()):
     r = subprocess.run([H.tprun, "merge-results", "--out", out, *extra, *dirs], capture_output=True, text=True,
                        timeout=120)
     return r.returncode, r.stdout + r.stderr
-
-
-def records(folder):
-    return [json.loads(l) for l in read(os.path.join(folder, "results.jsonl"), "r").splitlines() if l.strip()]
 
 
 def set_path(chunk, rid, path):
@@ -238,7 +210,7 @@ def case_out_is_chunk(work):
     # The run's output.dir holds the chunks: merging into it is the ordinary use.
     parent = os.path.dirname(c[0])
     rc, log = merge(parent, c[0], c[1])
-    H.check(rc == 0 and sorted(r["id"] for r in records(parent)) == ["p0", "p1", "p2", "p3"]
+    H.check(rc == 0 and sorted(r["id"] for r in results(parent)) == ["p0", "p1", "p2", "p3"]
             and read(os.path.join(c[0], "results.jsonl")) == before,
             f"--out holding the chunks: merged, the chunks as they were (exit {rc})" + ("" if rc == 0 else log[-1500:]))
 
@@ -307,7 +279,7 @@ def case_missing_array_chunk(work):
     refused("shard 1 of 3 missing", rc, log, "shard-1-of-3", "--partial")
     H.check(not os.path.exists(out), "--out was not created")
     rc, log = merge(out, c[0], c[2], extra=("--partial",))
-    H.check(rc == 0 and "shard-1-of-3" in log and sorted(r["id"] for r in records(out)) == ["p0", "p2", "p3", "p5"],
+    H.check(rc == 0 and "shard-1-of-3" in log and sorted(r["id"] for r in results(out)) == ["p0", "p2", "p3", "p5"],
             f"--partial: merged with a warning naming shard-1-of-3 (exit {rc})" + ("" if rc == 0 else log[-1500:]))
 
 

@@ -31,7 +31,8 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tprun_harness import Harness, run_cases  # noqa: E402
+from tprun_harness import (  # noqa: E402
+    Harness, jsonl, prompt_rows, run_cases, tiny_flux, write, write_manifest)
 
 H = None
 WEIGHTS = os.path.join("transformer", "diffusion_pytorch_model.safetensors")
@@ -52,38 +53,18 @@ def tree_hashes(folder):
     return out
 
 
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
-
 def tiny_model(work):
-    folder = os.path.join(work, "model")
-    subprocess.run([H.tprun, "init-model", folder, "--arch", "flux", "--preset", "tiny"], check=True,
-                   stdout=subprocess.DEVNULL)
-    return folder
+    return tiny_flux(H.tprun, os.path.join(work, "model"))
 
 
 def manifest(path, model, requests, out, memory=""):
-    return write(path, f"""model = "{model}"
-requests = "{requests}"
-[parallel]
-tp = 1
-[defaults]
-height = 32
-width = 32
-steps = 1
-max_sequence_length = 16
-seed = 5
-[output]
-dir = "{out}"
-{memory}""")
+    """The shared job manifest at tp 1, one step and 16 tokens; `memory` (a [memory] table) after [output]."""
+    return write_manifest(path, model, requests, out, parallel={"tp": 1},
+                          defaults={"steps": 1, "max_sequence_length": 16}, tail=memory)
 
 
 def requests(path, n=2):
-    return write(path, "".join(json.dumps({"id": f"r{i}", "prompt": f"a small red boat {i}"}) + "\n"
-                               for i in range(n)))
+    return jsonl(path, prompt_rows(n, [f"a small red boat {i}" for i in range(n)], prefix="r"))
 
 
 def gen_args(model, *extra):

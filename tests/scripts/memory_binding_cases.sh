@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15 items 4 and 9, one case per ctest entry:
+# Per-request memory checks and CPU binding, one case per ctest entry:
 #   oversized_run       `tprun run` under a 4 GiB address-space limit (ulimit -v) with a request
 #                       far too large among normal ones: it is `failed` with the estimate and
 #                       the available memory, the others are done, exit 6, no SIGABRT

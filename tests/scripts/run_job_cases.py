@@ -21,6 +21,9 @@ import time
 import numpy as np
 from PIL import Image
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tprun_harness import jsonl, prompt_rows, results, tiny_flux, write, write_manifest  # noqa: E402
+
 TPRUN, MPIRUN, CASE = sys.argv[1:4]
 
 
@@ -38,36 +41,11 @@ def mpirun(np_, *args, check=True, timeout=300):
     return p
 
 
-def write(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-    return path
-
-
-def manifest(tmp, name, model, requests, out, tp=1, dp=0, extra=""):
-    return write(os.path.join(tmp, name), f"""model = "{model}"
-requests = "{requests}"
-[parallel]
-tp = {tp}
-dp = {dp}
-[defaults]
-height = 32
-width = 32
-steps = 2
-max_sequence_length = 32
-seed = 5
-[output]
-dir = "{out}"
-{extra}""")
-
-
-def jsonl(path, rows):
-    return write(path, "".join(json.dumps(r) + "\n" for r in rows))
-
-
-def results(out):
-    with open(os.path.join(out, "results.jsonl")) as f:
-        return [json.loads(l) for l in f if l.strip()]
+def manifest(tmp, name, model, requests, out, tp=1, dp=0, extra="", steps=None):
+    """tmp/NAME: the shared job manifest with [parallel] tp, dp; `extra` after [output] dir; `steps` for
+    requests heavier than the default two steps."""
+    return write_manifest(os.path.join(tmp, name), model, requests, out, parallel={"tp": tp, "dp": dp},
+                          defaults=None if steps is None else {"steps": steps}, tail=extra)
 
 
 def pixels(path):
@@ -75,15 +53,10 @@ def pixels(path):
 
 
 def tiny_model(tmp):
-    folder = os.path.join(tmp, "model")
-    subprocess.run([TPRUN, "init-model", folder, "--arch", "flux", "--preset", "tiny"], check=True,
-                   stdout=subprocess.DEVNULL)
-    return folder
+    return tiny_flux(TPRUN, os.path.join(tmp, "model"))
 
 
-PROMPTS = [{"id": f"p{i}", "prompt": p} for i, p in enumerate([
-    "a red fox in the snow", "a lighthouse at dusk", "a bowl of fruit", "a city at night",
-    "a small boat on a lake", "a mountain village", "a cat on a sofa", "an old library"])]
+PROMPTS = prompt_rows(8)
 
 
 def retyped(path):
@@ -195,8 +168,7 @@ def resume_kill(tmp):
     rows = PROMPTS + [{"id": f"q{i}", "prompt": f"variation {i} of a garden"} for i in range(16)]
     req = jsonl(os.path.join(tmp, "r.jsonl"), rows)
     out = os.path.join(tmp, "out")
-    m = manifest(tmp, "job.toml", model, req, out, tp=1, extra='formats = ["png", "hdf5", "latents"]\n')
-    write(m, open(m).read().replace("steps = 2", "steps = 60"))
+    manifest(tmp, "job.toml", model, req, out, tp=1, extra='formats = ["png", "hdf5", "latents"]\n', steps=60)
     cmd = [MPIRUN, "-np", "2", "--oversubscribe", TPRUN, "run", os.path.join(tmp, "job.toml"), "--progress", "none"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = os.path.join(out, "results.jsonl")
@@ -270,8 +242,7 @@ def sigterm(tmp):
     model = tiny_model(tmp)
     rows = PROMPTS + [{"id": f"q{i}", "prompt": f"variation {i}"} for i in range(8)]
     out = os.path.join(tmp, "out")
-    m = manifest(tmp, "job.toml", model, jsonl(os.path.join(tmp, "r.jsonl"), rows), out, tp=2)
-    write(m, open(m).read().replace("steps = 2", "steps = 8"))
+    m = manifest(tmp, "job.toml", model, jsonl(os.path.join(tmp, "r.jsonl"), rows), out, tp=2, steps=8)
     status = os.path.join(tmp, "status.json")
     cmd = [MPIRUN, "-np", "2", "--oversubscribe", TPRUN, "run", m, "--progress", "none", "--status-file", status]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -322,8 +293,7 @@ def output_lock(tmp):
     model = tiny_model(tmp)
     rows = PROMPTS + [{"id": f"q{i}", "prompt": f"variation {i} of a garden"} for i in range(8)]
     out = os.path.join(tmp, "out")
-    m = manifest(tmp, "job.toml", model, jsonl(os.path.join(tmp, "r.jsonl"), rows), out, tp=1)
-    write(m, open(m).read().replace("steps = 2", "steps = 500"))
+    m = manifest(tmp, "job.toml", model, jsonl(os.path.join(tmp, "r.jsonl"), rows), out, tp=1, steps=500)
     first = subprocess.Popen([MPIRUN, "-np", "1", TPRUN, "run", m, "--progress", "none"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     wait_for_results(out, 1, first)
@@ -506,9 +476,8 @@ def mpirun_sigterm_requeue(tmp):
     model = tiny_model(tmp)
     rows = PROMPTS
     out = os.path.join(tmp, "out")
-    m = manifest(tmp, "job.toml", model, jsonl(os.path.join(tmp, "r.jsonl"), rows), out, tp=2)
     # About 30 s a request on an idle machine (300 steps take ~1 s), minutes on a busy one.
-    write(m, open(m).read().replace("steps = 2", "steps = 10000"))
+    m = manifest(tmp, "job.toml", model, jsonl(os.path.join(tmp, "r.jsonl"), rows), out, tp=2, steps=10000)
     bin_dir = os.path.join(tmp, "bin")
     os.makedirs(bin_dir)
     calls = os.path.join(tmp, "scontrol.calls")

@@ -1,5 +1,6 @@
-"""What the end-to-end parity scripts share: running tprun under mpirun with a hang timeout,
-`init-model` folders, and ok / FAIL lines counted into the script's exit status."""
+"""What the script tests share: running tprun under mpirun with a hang timeout, `init-model` folders,
+job files (manifest, requests, results log), and ok / FAIL lines counted into the script's exit status.
+torch is imported only by the helpers that need it, so job scripts without torch start fast."""
 import json
 import os
 import shutil
@@ -7,7 +8,61 @@ import subprocess
 import sys
 import tempfile
 
-import torch
+# Prompts of the job tests (`p0`, `p1`, ... in this order).
+PROMPTS = ["a red fox in the snow", "a lighthouse at dusk", "a bowl of fruit", "a city at night",
+           "a small boat on a lake", "a mountain village", "a cat on a sofa", "an old library"]
+
+# [defaults] of a job manifest: a tiny model's image in two steps, fast on two cores.
+JOB_DEFAULTS = {"height": 32, "width": 32, "steps": 2, "max_sequence_length": 32, "seed": 5}
+
+
+def write(path, text, mode="w"):
+    """Writes `text` (bytes with mode "wb") to `path`; returns `path`."""
+    with open(path, mode) as f:
+        f.write(text)
+    return path
+
+
+def read(path, mode="rb"):
+    with open(path, mode) as f:
+        return f.read()
+
+
+def jsonl(path, rows):
+    """A requests file (or any JSON-lines file): one compact JSON object a line."""
+    return write(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def prompt_rows(n, texts=PROMPTS, prefix="p"):
+    """[{"id": "p0", "prompt": texts[0]}, ...] for the first n texts."""
+    return [{"id": f"{prefix}{i}", "prompt": t} for i, t in enumerate(texts[:n])]
+
+
+def manifest_text(model, requests, out, parallel=None, defaults=None, tail=""):
+    """A job manifest: model, requests, [parallel] when given (keys in order), [defaults] (JOB_DEFAULTS
+    updated by `defaults`), [output] dir, then `tail` as is. Line numbers are stable: tests name them."""
+    lines = [f'model = "{model}"', f'requests = "{requests}"']
+    if parallel:
+        lines += ["[parallel]", *(f"{k} = {v}" for k, v in parallel.items())]
+    lines += ["[defaults]", *(f"{k} = {v}" for k, v in dict(JOB_DEFAULTS, **(defaults or {})).items())]
+    lines += ["[output]", f'dir = "{out}"']
+    return "\n".join(lines) + "\n" + tail
+
+
+def write_manifest(path, model, requests, out, parallel=None, defaults=None, tail=""):
+    return write(path, manifest_text(model, requests, out, parallel, defaults, tail))
+
+
+def results(out):
+    """The records of out/results.jsonl, in file order (blank lines skipped)."""
+    return [json.loads(l) for l in read(os.path.join(out, "results.jsonl"), "r").splitlines() if l.strip()]
+
+
+def tiny_flux(tprun, folder):
+    """`tprun init-model FOLDER --arch flux --preset tiny` (the job tests' model); returns `folder`."""
+    subprocess.run([tprun, "init-model", folder, "--arch", "flux", "--preset", "tiny"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return folder
 
 
 class Harness:
@@ -48,6 +103,7 @@ class Harness:
 
 def transformer_inputs(folder, arch):
     """Inputs of a small FLUX.1 ("flux") or FLUX.2 transformer forward for `folder`'s config (fixed seed)."""
+    import torch
     cfg = json.load(open(os.path.join(folder, "transformer", "config.json")))
     g = torch.Generator().manual_seed(11)
     h, w, txt = 4, 6, 8
@@ -74,6 +130,7 @@ def transformer_inputs(folder, arch):
 def run_cases(harness, cases, prefix):
     """The rest of main() of a `SCRIPT TPRUN MPIRUN CASE` test script: runs cases[CASE](work) in a fresh
     temporary folder, prints the verdict and returns the exit status."""
+    import torch
     case = sys.argv[3]
     torch.set_num_threads(2)
     work = tempfile.mkdtemp(prefix=f"{prefix}-{case}-")

@@ -180,7 +180,7 @@ TEST(AttentionChunk, OptionBounds) {
   // A load refuses it before reading a weight byte.
   std::string cfg_path;
   const fs::path dir = test::data_dir("flux_transformer") / "model";
-  if (!fs::exists(dir)) GTEST_SKIP() << "reference data missing";
+  ASSERT_TRUE(fs::exists(dir)) << "committed reference data missing: " << dir;
   const json cfg = read_component_config(dir.string(), &cfg_path);
   auto source = checkpoint::open_weight_source(dir.string());
   ModelOptions o;
@@ -242,7 +242,8 @@ void expect_chunks_match(const char* what, const std::function<std::unique_ptr<M
 
 TEST(AttentionChunkModels, FluxTransformer) {
   const fs::path data = test::data_dir("flux_transformer");
-  if (!fs::exists(data / "inputs.safetensors")) GTEST_SKIP() << "reference data missing";
+  ASSERT_TRUE(fs::exists(data / "inputs.safetensors"))
+      << "committed reference data missing: " << data / "inputs.safetensors";
   const TensorMap inputs = checkpoint::read_tensor_file((data / "inputs.safetensors").string());
   const int64_t tokens = inputs.at("hidden_states").size(1) + inputs.at("encoder_hidden_states").size(1);
   std::printf("  FLUX.1 reference case: %lld joint tokens\n", static_cast<long long>(tokens));
@@ -280,7 +281,8 @@ TEST(AttentionChunkModels, Flux2Transformer) {
 TEST(AttentionChunkModels, VaeDecoderAndEncoder) {
   const fs::path dec = test::data_dir("vae_decoder") / "model";
   const fs::path enc_case = test::data_dir("vae_encoder");
-  if (!fs::exists(dec) || !fs::exists(enc_case / "case.json")) GTEST_SKIP() << "reference data missing";
+  for (const fs::path& p : {dec, enc_case / "case.json"})
+    ASSERT_TRUE(fs::exists(p)) << "committed reference data missing: " << p;
   auto g = gen(6);
   // Latents 9 x 7: 63 mid-block tokens.
   const TensorMap latents = {{"latents", randn({1, 16, 9, 7}, g)}};
@@ -331,7 +333,7 @@ TEST(AttentionChunkModels, DecoderTextEncoderWithPaddingAndWindow) {
 TEST(AttentionChunkModels, T5AndClip) {
   const fs::path t5 = test::data_dir("t5_encoder") / "text_encoder_2";
   const fs::path clip = test::data_dir("clip_text") / "text_encoder";
-  if (!fs::exists(t5) || !fs::exists(clip)) GTEST_SKIP() << "reference data missing";
+  for (const fs::path& p : {t5, clip}) ASSERT_TRUE(fs::exists(p)) << "committed reference data missing: " << p;
   auto g = gen(9);
   const auto i64 = at::TensorOptions().dtype(at::kLong);
   std::string path;

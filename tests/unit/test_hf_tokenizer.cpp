@@ -8,7 +8,11 @@
 //  - the pre-tokenizer regex and the template canonical form.
 // Two helpers for hf_tokenizer_parity.py, skipped unless their variable is set:
 // TPRUN_HF_TOKENIZER_WRITE=DIR writes tprun's folders into DIR;
-// TPRUN_HF_TOKENIZER_DUMP=REQUEST.json writes tprun's ids for the request.
+// TPRUN_HF_TOKENIZER_DUMP=REQUEST.json writes tprun's ids for the request;
+// TPRUN_HF_TOKENIZER_BENCH=REQUEST.json times encode over a prompt file for
+// tools/bench_tokenizer.
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +23,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "text/added_token_trie.h"
+#include "text/bpe_merges.h"
 #include "text/chat_template.h"
 #include "text/hf_regex.h"
 #include "text/hf_tokenizer.h"
@@ -179,6 +185,10 @@ TEST(HfTokenizerFiles, WrittenFoldersLoadWithTheirTemplates) {
   EXPECT_THROW(presets::write_qwen3_tokenizer(tmp / "qwen3", qwen), std::exception);
 }
 
+// Writes tprun's Qwen3 and Mistral-3 folders for hf_tokenizer_parity.py (which
+// compares them with transformers) after checking here that each loads back
+// with the size the writer returned and that every added token encodes to its
+// own id alone.
 TEST(HfTokenizerFiles, WriteForParity) {
   const char* dir = std::getenv("TPRUN_HF_TOKENIZER_WRITE");
   if (dir == nullptr || *dir == '\0') GTEST_SKIP() << "TPRUN_HF_TOKENIZER_WRITE not set (hf_tokenizer_parity.py sets it)";
@@ -187,6 +197,26 @@ TEST(HfTokenizerFiles, WriteForParity) {
                                            presets::train_byte_level_bpe(presets::bundled_corpus(), presets::kQwen2SplitPattern, 400));
   const int64_t mn = presets::write_mistral3_tokenizer((root / "written_mistral3").string(),
                                               presets::train_byte_level_bpe(presets::bundled_corpus(), presets::kTekkenSplitPattern, 400));
+  struct Written {
+    const char* name;
+    const char* cls;
+    int64_t size;
+    ChatCaller caller;
+  };
+  for (const Written& w : {Written{"written_qwen3", "Qwen2TokenizerFast", qn, ChatCaller::kTokenizer},
+                           Written{"written_mistral3", "PixtralProcessor", mn, ChatCaller::kProcessor}}) {
+    SCOPED_TRACE(w.name);
+    const HfTokenizer tok = HfTokenizer::load((root / w.name).string(), w.cls);
+    EXPECT_EQ(tok.vocab_size(), w.size);
+    EXPECT_NO_THROW(tok.chat_template(w.caller));
+    const json cfg = read_json(root / w.name / "tokenizer_config.json");
+    ASSERT_FALSE(cfg["added_tokens_decoder"].empty());
+    for (const auto& [id, entry] : cfg["added_tokens_decoder"].items()) {
+      const std::string content = entry["content"].get<std::string>();
+      EXPECT_EQ(tok.token_id(content), std::stoll(id)) << content;
+      EXPECT_EQ(tok.encode(content, false), std::vector<int64_t>{std::stoll(id)}) << content;
+    }
+  }
   write_text(root / "written_sizes.json", json{{"written_qwen3", qn}, {"written_mistral3", mn}}.dump());
 }
 
@@ -221,6 +251,34 @@ TEST(HfTokenizerFiles, DumpForParity) {
   }
   out["_templates"] = kinds;
   write_text(request["out"].get<std::string>(), out.dump());
+}
+
+// tools/bench_tokenizer: {"folder", "class", "prompts": file of a JSON list of
+// strings, "repeats", "out"} -> out: {"ids": per prompt encode(prompt, true),
+// "load_seconds", "encode_seconds": the best of `repeats` passes over all
+// prompts, one thread}.
+TEST(HfTokenizerFiles, BenchForTool) {
+  const char* req = std::getenv("TPRUN_HF_TOKENIZER_BENCH");
+  if (req == nullptr || *req == '\0') GTEST_SKIP() << "TPRUN_HF_TOKENIZER_BENCH not set (tools/bench_tokenizer sets it)";
+  const json request = read_json(req);
+  ASSERT_TRUE(request.is_object());
+  const std::vector<std::string> prompts = read_json(request["prompts"].get<std::string>()).get<std::vector<std::string>>();
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const HfTokenizer tok = HfTokenizer::load(request["folder"].get<std::string>(), request.value("class", ""));
+  const double load_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  json ids = json::array();
+  for (const auto& p : prompts) ids.push_back(tok.encode(p, true));
+  double best = 1e30;
+  size_t checksum = 0;
+  for (int r = 0; r < request.value("repeats", 3); ++r) {
+    const auto start = Clock::now();
+    for (const auto& p : prompts) checksum += tok.encode(p, true).size();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  EXPECT_GT(checksum, 0u);
+  write_text(request["out"].get<std::string>(),
+             json{{"ids", ids}, {"load_seconds", load_seconds}, {"encode_seconds", best}, {"prompts", prompts.size()}}.dump());
 }
 
 // ---- refusals ------------------------------------------------------------------
@@ -383,10 +441,53 @@ TEST(SplitRegex, Qwen2AndTekkenPatterns) {
   EXPECT_EQ(split(presets::kQwen2SplitPattern, "x'ſt"), (V{"x", "'ſ", "t"}));  // Oniguruma folds ſ to s
   EXPECT_EQ(split(presets::kQwen2SplitPattern, "a   b"), (V{"a", "  ", " b"}));
   EXPECT_EQ(split(presets::kTekkenSplitPattern, "HelloWORLD Ab"), (V{"Hello", "WORLD", " Ab"}));
+  // Literals reach ICU as \x{..}: its \v (a class), set strings {..} and && mean other things.
+  EXPECT_EQ(split("[{|}]+", "a{|}b"), (V{"a", "{|}", "b"}));
+  EXPECT_EQ(split("\\v", "a\vb\nc"), (V{"a", "\v", "b\nc"}));
+  EXPECT_EQ(split("(?i:'s)", "'S'\u017f's"), (V{"'S", "'\u017f", "'s"}));
+  // A long run of spaces (ICU's default backtracking stack would overflow).
+  EXPECT_EQ(split(presets::kQwen2SplitPattern, std::string(1 << 20, ' ') + "x").size(), 2u);
+  for (const char* refused : {"\\h", ".", "^a", "(?<n>a)", "[a&&b]", "(?=a)*", "a**", "(?i:[a])", "(?i:\\s)"})
+    EXPECT_THROW(SplitRegex::compile(refused), std::invalid_argument) << refused;
   EXPECT_THROW(SplitRegex::compile("a*?"), std::invalid_argument);
   EXPECT_THROW(SplitRegex::compile("(a*)*"), std::invalid_argument);
   EXPECT_THROW(SplitRegex::compile("\\p{Greek}"), std::invalid_argument);
   EXPECT_THROW(SplitRegex::compile("[a-"), std::invalid_argument);
+}
+
+TEST(AddedTokenTrie, LeftmostThenLongestThenFirstAdded) {
+  AddedTokenTrie trie;
+  trie.add("<s>", 0);
+  trie.add("<s>x", 1);
+  trie.add("s>", 2);
+  trie.add("<s>", 3);  // the first index stays
+  auto m = trie.find("ab<s>xy", 0);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->begin, 2u);
+  EXPECT_EQ(m->end, 6u);
+  EXPECT_EQ(m->index, 1);
+  m = trie.find("<s>", 0);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->index, 0);
+  m = trie.find("<s>", 1);  // from inside: "s>" starts there
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->index, 2);
+  EXPECT_FALSE(trie.find("<x <", 0).has_value());
+  EXPECT_FALSE(AddedTokenTrie().find("<s>", 0).has_value());
+}
+
+TEST(BpeMerges, LowestRankFirstLeftmostAmongEqual) {
+  BpeMerges merges;
+  merges.add(1, 2, 10, 0);  // a b -> ab
+  merges.add(10, 3, 11, 1);  // ab c -> abc
+  merges.add(2, 3, 12, 2);  // b c -> bc (rank too high to win)
+  std::vector<uint32_t> word = {1, 2, 3, 1, 2, 1, 1};
+  merges.apply(word);
+  EXPECT_EQ(word, (std::vector<uint32_t>{11, 10, 1, 1}));
+  merges.add(1, 1, 13, 3);
+  word = {1, 1, 1};
+  merges.apply(word);  // overlapping pairs: the leftmost merges, the rest stays
+  EXPECT_EQ(word, (std::vector<uint32_t>{13, 1}));
 }
 
 }  // namespace

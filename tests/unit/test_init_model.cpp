@@ -22,6 +22,7 @@
 #include "models/model_registry.h"
 #include "presets/flux_presets.h"
 #include "text/bpe_trainer.h"
+#include "text/byte_level.h"
 #include "text/clip_text_clean.h"
 #include "text/clip_tokenizer.h"
 #include "text/t5_tokenizer.h"
@@ -49,7 +50,7 @@ json read_json(const fs::path& p) { return json::parse(read_file(p)); }
 // ---- BPE trainer ------------------------------------------------------------------
 
 TEST(BpeTrainer, ByteSymbolsAreOpenaiOrder) {
-  const auto s = text::clip_byte_symbols();
+  const auto s = text::byte_level_symbols();
   ASSERT_EQ(s.size(), 256u);
   EXPECT_EQ(s['!'], "!");
   EXPECT_EQ(s['a'], "a");
@@ -160,7 +161,7 @@ TEST_F(TokenizerFolders, ClipTokenizerLoadsAndRoundTrips) {
     for (int64_t id : tok.content_ids(line)) decoded += bpe_->tokens[static_cast<size_t>(id)];
     std::string expected;
     for (const auto& w : text::clip_pretokenize(text::clip_basic_clean(line))) {
-      for (unsigned char b : w) expected += text::clip_byte_symbols()[b];
+      for (unsigned char b : w) expected += text::byte_level_symbols()[b];
       expected += "</w>";
     }
     EXPECT_EQ(decoded, expected) << line;

@@ -350,7 +350,7 @@ TEST_F(BuilderLoad, NarrowStorageCastsLayersAndUpCastsPerUse) {
   ModelOptions o;
   o.memory.layerwise_storage = "float8_e4m3fn";
   const BuildOptions bo = build_options(o, {"^never$"});
-  EXPECT_EQ(bo.storage_skip.size(), default_storage_skip_patterns().size() + 1);
+  EXPECT_EQ(bo.layerwise_skip.size(), default_layerwise_casting_skip_patterns().size() + 1);
   const BuiltModel cast = build_model("Toy", source, {}, bo, declare);
   // Linear weight and its bias in fp8 (1 byte), the norm kept (diffusers skips "norm").
   EXPECT_EQ(cast.bytes_stored, (8 * 4 + 8) * 1u + 4 * 4u);
@@ -382,19 +382,19 @@ TEST_F(BuilderLoad, NarrowStorageCastsLayersAndUpCastsPerUse) {
 }
 
 TEST(NarrowStorage, SkipsAsDiffusersWalksTheModuleTree) {
-  const auto& d = default_storage_skip_patterns();
-  EXPECT_TRUE(narrow_storage_skipped("proj_out", d));
-  EXPECT_FALSE(narrow_storage_skipped("single_transformer_blocks.0.proj_out", d));  // ^proj_out$
-  EXPECT_TRUE(narrow_storage_skipped("norm_out.linear", d));                         // "norm" anywhere
-  EXPECT_TRUE(narrow_storage_skipped("transformer_blocks.0.norm1.linear", d));
-  EXPECT_FALSE(narrow_storage_skipped("transformer_blocks.0.attn.to_q", d));
-  EXPECT_TRUE(narrow_storage_skipped("x_embedder.pos_embed.proj", d));
+  const auto& d = default_layerwise_casting_skip_patterns();
+  EXPECT_TRUE(layerwise_casting_skipped("proj_out", d));
+  EXPECT_FALSE(layerwise_casting_skipped("single_transformer_blocks.0.proj_out", d));  // ^proj_out$
+  EXPECT_TRUE(layerwise_casting_skipped("norm_out.linear", d));                         // "norm" anywhere
+  EXPECT_TRUE(layerwise_casting_skipped("transformer_blocks.0.norm1.linear", d));
+  EXPECT_FALSE(layerwise_casting_skipped("transformer_blocks.0.attn.to_q", d));
+  EXPECT_TRUE(layerwise_casting_skipped("x_embedder.pos_embed.proj", d));
   // An enclosing module's name matches: the whole subtree is skipped (re.search on each prefix).
-  EXPECT_TRUE(narrow_storage_skipped("transformer_blocks.0.attn.to_q", {"^transformer_blocks$"}));
-  EXPECT_TRUE(narrow_storage_skipped("transformer_blocks.0.attn.to_q", {"blocks\\.0$"}));
-  EXPECT_FALSE(narrow_storage_skipped("transformer_blocks.10.attn.to_q", {"blocks\\.1$"}));
-  EXPECT_TRUE(narrow_storage_skipped("anything", {"^$"}));  // matches the root: nothing is cast
-  EXPECT_FALSE(narrow_storage_skipped("anything", {}));
+  EXPECT_TRUE(layerwise_casting_skipped("transformer_blocks.0.attn.to_q", {"^transformer_blocks$"}));
+  EXPECT_TRUE(layerwise_casting_skipped("transformer_blocks.0.attn.to_q", {"blocks\\.0$"}));
+  EXPECT_FALSE(layerwise_casting_skipped("transformer_blocks.10.attn.to_q", {"blocks\\.1$"}));
+  EXPECT_TRUE(layerwise_casting_skipped("anything", {"^$"}));  // matches the root: nothing is cast
+  EXPECT_FALSE(layerwise_casting_skipped("anything", {}));
 }
 
 TEST(ModelTable, PackedBlockThatDoesNotDivideIsNamed) {

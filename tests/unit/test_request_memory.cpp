@@ -1,4 +1,4 @@
-// Issue 15 items 4 and 9: the per-request memory estimate (monotone in size
+// Per-request memory checks: the per-request memory estimate (monotone in size
 // and batch, the memory features accounted for), the host limit parsers,
 // allocation failures as request errors, and the CPU binding / thread rules.
 #include <map>
@@ -57,12 +57,12 @@ TEST(RequestMemory, GrowsWithSizeAndBatch) {
   EXPECT_GT(estimate_request_memory(m, shape(1024, 4)).step, estimate_request_memory(m, shape(1024, 1)).step);
   // Decode is per image whatever the batch.
   EXPECT_EQ(estimate_request_memory(m, shape(1024, 4)).decode, estimate_request_memory(m, shape(1024, 1)).decode);
-  // 16384² is far beyond any host (the request the issue saw accepted).
+  // 16384² is far beyond any host (a size the estimate once let through).
   EXPECT_GT(estimate_request_memory(m, shape(16384)).peak, uint64_t{256} << 30);
 }
 
 TEST(RequestMemory, DecodeMatchesTheMeasuredFluxVae) {
-  // README "Benchmarks / Memory": FLUX.1's VAE decode, fp32, peak RSS minus
+  // docs/benchmarks.md "Memory": FLUX.1's VAE decode, fp32, peak RSS minus
   // ~0.6 GiB of weights and libtorch: 1024² 3.5 GiB, 2048² 14.0 GiB.
   MemoryModel m = flux1();
   const double gib = 1024.0 * 1024 * 1024;

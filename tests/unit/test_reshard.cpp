@@ -41,7 +41,7 @@ void expect_same_tensors(const fs::path& a, const fs::path& b) {
 }
 
 TEST(Reshard, SplitsLikeDiffusersAndKeepsEveryByte) {
-  if (!fs::exists(ref_model())) GTEST_SKIP() << "reference data missing";
+  ASSERT_TRUE(fs::exists(ref_model())) << "committed reference data missing: " << ref_model();
   const fs::path out = fresh_dir("many");
   ReshardOptions o;
   o.max_shard_bytes = parse_size("300KB", "--max-shard-size");
@@ -86,7 +86,7 @@ TEST(Reshard, SplitsLikeDiffusersAndKeepsEveryByte) {
 }
 
 TEST(Reshard, VariantNamesAndPipelineRefusal) {
-  if (!fs::exists(ref_model())) GTEST_SKIP() << "reference data missing";
+  ASSERT_TRUE(fs::exists(ref_model())) << "committed reference data missing: " << ref_model();
   const fs::path out = fresh_dir("variant");
   ReshardOptions o;
   o.max_shard_bytes = 300000;

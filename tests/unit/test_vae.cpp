@@ -76,8 +76,8 @@ void expect_trace_matches(const Trace& trace, const fs::path& case_dir) {
 class Vae : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(decoder_dir() / "expected.safetensors") || !fs::exists(encoder_dir() / "expected.safetensors"))
-      GTEST_SKIP() << "reference data missing";
+    for (const fs::path& p : {decoder_dir() / "expected.safetensors", encoder_dir() / "expected.safetensors"})
+      ASSERT_TRUE(fs::exists(p)) << "committed reference data missing: " << p;
   }
 };
 
