@@ -78,6 +78,21 @@ def mistral_small_24b(layers):
     return "Mistral3ForConditionalGeneration", cfg
 
 DTYPES = {"bf16": (torch.bfloat16, "BF16", 2), "fp16": (torch.float16, "F16", 2), "fp32": (torch.float32, "F32", 4)}
+# Tensors that keep their own dtype whatever --dtype says (BatchNorm's
+# num_batches_tracked): safetensors dtype and element size.
+KEPT_DTYPES = {torch.int64: ("I64", 8), torch.int32: ("I32", 4), torch.uint8: ("U8", 1), torch.bool: ("BOOL", 1)}
+
+
+def state_entry(name, tensor):
+    """(name, shape) of a floating-point tensor (written in --dtype), else (name, shape, (dtype, size))."""
+    if tensor.is_floating_point():
+        return (name, tuple(tensor.shape))
+    return (name, tuple(tensor.shape), KEPT_DTYPES[tensor.dtype])
+
+
+def entry_type(entry, st_dtype, elem):
+    """The safetensors dtype and element size an entry of a state is written in."""
+    return entry[2] if len(entry) > 2 else (st_dtype, elem)
 
 
 def parse_size(text):
@@ -91,11 +106,12 @@ def parse_size(text):
 
 def write_sparse_safetensors(path, tensors, st_dtype, elem):
     header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for name, shape in sorted(tensors, key=lambda t: t[0]):
-        n = elem
+    for entry in sorted(tensors, key=lambda t: t[0]):
+        name, shape = entry[:2]
+        dtype, n = entry_type(entry, st_dtype, elem)
         for d in shape:
             n *= d
-        header[name] = {"dtype": st_dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
         offset += n
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * ((8 - (8 + len(text)) % 8) % 8)
@@ -107,35 +123,86 @@ def write_sparse_safetensors(path, tensors, st_dtype, elem):
 
 
 def meta_state(args):
-    """(class name, [(saved name, shape)] in save order, save_config(out), weights file stem, total parameters)."""
+    """(class name, [state_entry] in save order, save_config(out), weights file stem, total parameters)."""
     if args.arch in TRANSFORMERS_ARCHS:
-        import transformers
-        from transformers.modeling_utils import remove_tied_weights_from_state_dict, revert_weight_conversion
         if args.single_layers is not None:
             raise SystemExit(f"--single-layers does not apply to {args.arch}")
         cls_name, cfg = TRANSFORMERS_ARCHS[args.arch](args.layers)
-        cfg.architectures = [cls_name]
-        cfg.dtype = DTYPES[args.dtype][0]
-        with torch.device("meta"):
-            model = getattr(transformers, cls_name)(cfg)
-        # What save_pretrained writes: tied copies removed, the in-memory key mapping reverted.
-        state = remove_tied_weights_from_state_dict(model.state_dict(), model)
-        state = revert_weight_conversion(model, state)
+        state, save_config, parameters = transformers_meta_state(cls_name, cfg, args.dtype)
         layers = cfg.text_config.num_hidden_layers
-        return (cls_name, [(k, tuple(v.shape)) for k, v in state.items()], cfg.save_pretrained, "model",
-                model.num_parameters(), f"{layers} text layers + vision tower")
-    import diffusers
+        return (cls_name, state, save_config, "model", parameters, f"{layers} text layers + vision tower")
     cls_name, cfg = ARCHS[args.arch]
     cfg = dict(cfg)
     if args.layers is not None:
         cfg["num_layers"] = args.layers
     if args.single_layers is not None:
         cfg["num_single_layers"] = args.single_layers
+    state, save_config = diffusers_meta_state(cls_name, cfg)
+    return (cls_name, state, save_config, "diffusion_pytorch_model", None,
+            f"{cfg['num_layers']} + {cfg['num_single_layers']} blocks")
+
+
+def transformers_meta_state(cls_name, cfg, dtype):
+    """A transformers model built on the meta device from cfg: ([state_entry] in the order
+    save_pretrained writes them, the config's save_pretrained, total parameters)."""
+    import transformers
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict, revert_weight_conversion
+    cfg.architectures = [cls_name]
+    cfg.dtype = DTYPES[dtype][0]
+    with torch.device("meta"):
+        model = getattr(transformers, cls_name)(cfg)
+    # What save_pretrained writes: tied copies removed, the in-memory key mapping reverted.
+    state = remove_tied_weights_from_state_dict(model.state_dict(), model)
+    state = revert_weight_conversion(model, state)
+    return [state_entry(k, v) for k, v in state.items()], cfg.save_pretrained, model.num_parameters()
+
+
+def diffusers_meta_state(cls_name, cfg):
+    """A diffusers model built on the meta device from its constructor arguments:
+    ([state_entry] in state_dict order, its save_config)."""
+    import diffusers
     with torch.device("meta"):
         model = getattr(diffusers, cls_name)(**cfg)
-    state = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
-    return (cls_name, state, model.save_config, "diffusion_pytorch_model", None,
-            f"{cfg['num_layers']} + {cfg['num_single_layers']} blocks")
+    return [state_entry(k, v) for k, v in model.state_dict().items()], model.save_config
+
+
+def write_checkpoint(out, state, save_config, stem, parameters, limit, dtype):
+    """config.json (save_config(out)) and state [state_entry] as sparse safetensors shards of at
+    most limit bytes in out, with stem's index when there is more than one; (bytes, shard count)."""
+    _, st_dtype, elem = DTYPES[dtype]
+    # huggingface_hub's split_torch_state_dict_into_shards (diffusers and transformers both use it):
+    # greedy in state_dict order; a tensor larger than the limit gets a shard of its own.
+    shards, current, size = [], [], 0
+    for entry in state:
+        n = entry_type(entry, st_dtype, elem)[1]
+        for d in entry[1]:
+            n *= d
+        if n > limit:
+            shards.append([entry])
+            continue
+        if current and size + n > limit:
+            shards.append(current)
+            current, size = [], 0
+        current.append(entry)
+        size += n
+    if current:
+        shards.append(current)
+    os.makedirs(out, exist_ok=True)
+    save_config(out)
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards):
+        fname = (f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else f"{stem}.safetensors")
+        total += write_sparse_safetensors(os.path.join(out, fname), shard, st_dtype, elem)
+        for entry in shard:
+            weight_map[entry[0]] = fname
+    if len(shards) > 1:
+        metadata = {"total_size": total}
+        if parameters is not None:
+            metadata["total_parameters"] = parameters
+        with open(os.path.join(out, f"{stem}.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": metadata, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+            f.write("\n")
+    return total, len(shards)
 
 
 def main():
@@ -148,42 +215,10 @@ def main():
     ap.add_argument("--max-shard-size", default=None, help="default 10GB (diffusers), 5GB (mistral-small-24b)")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     args = ap.parse_args()
-    _, st_dtype, elem = DTYPES[args.dtype]
     cls_name, state, save_config, stem, parameters, what = meta_state(args)
     limit = parse_size(args.max_shard_size or ("5GB" if args.arch in TRANSFORMERS_ARCHS else "10GB"))
-    # huggingface_hub's split_torch_state_dict_into_shards (diffusers and transformers both use it):
-    # greedy in state_dict order; a tensor larger than the limit gets a shard of its own.
-    shards, current, size = [], [], 0
-    for name, shape in state:
-        n = elem
-        for d in shape:
-            n *= d
-        if n > limit:
-            shards.append([(name, shape)])
-            continue
-        if current and size + n > limit:
-            shards.append(current)
-            current, size = [], 0
-        current.append((name, shape))
-        size += n
-    if current:
-        shards.append(current)
-    os.makedirs(args.out, exist_ok=True)
-    save_config(args.out)
-    weight_map, total = {}, 0
-    for i, shard in enumerate(shards):
-        fname = (f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else f"{stem}.safetensors")
-        total += write_sparse_safetensors(os.path.join(args.out, fname), shard, st_dtype, elem)
-        for name, _ in shard:
-            weight_map[name] = fname
-    if len(shards) > 1:
-        metadata = {"total_size": total}
-        if parameters is not None:
-            metadata["total_parameters"] = parameters
-        with open(os.path.join(args.out, f"{stem}.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": metadata, "weight_map": weight_map}, f, indent=2, sort_keys=True)
-            f.write("\n")
-    print(f"{args.out}: {cls_name} ({args.arch}, {what}), {len(state)} tensors, {total / 1e9:.2f} GB in {len(shards)} sparse shard(s)")
+    total, shards = write_checkpoint(args.out, state, save_config, stem, parameters, limit, args.dtype)
+    print(f"{args.out}: {cls_name} ({args.arch}, {what}), {len(state)} tensors, {total / 1e9:.2f} GB in {shards} sparse shard(s)")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
 #include "checkpoint/shard_loader.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <new>
 #include <numeric>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <fmt/format.h>
 
 #include "checkpoint/torch_dtype.h"
@@ -24,25 +29,69 @@ c10::ScalarType stored_type(const StoredTensor& info, const std::string& path) {
   return *t;
 }
 
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
 }  // namespace
 
+// One host buffer for every converted slice of a load: an anonymous mapping
+// of its own, replaced by a larger one when a larger slice comes (the old one
+// unmapped at once) and unmapped with the loader, so its bytes never become
+// free heap chunks that stay resident.
+class ShardLoader::Staging {
+ public:
+  Staging() = default;
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() { unmap(); }
+
+  // At least `bytes` (page-aligned); the contents are not kept across calls.
+  char* reserve(size_t bytes) {
+    static const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    bytes = round_up(std::max<size_t>(bytes, 1), page);
+    if (bytes > size_) {
+      unmap();
+      void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      data_ = static_cast<char*>(p);
+      size_ = bytes;
+    }
+    return data_;
+  }
+
+ private:
+  void unmap() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 ShardLoader::ShardLoader(WeightSource& source, LoadOptions options)
-    : source_(source), options_(std::move(options)) {
+    : source_(source), options_(std::move(options)), staging_(std::make_unique<Staging>()) {
   if (!options_.dtype.empty()) parse_compute_dtype(options_.dtype, "dtype");
   (void)c10::Device(options_.device);  // validates the device string
 }
 
+ShardLoader::~ShardLoader() = default;
+
+c10::ScalarType ShardLoader::compute_type(const std::string& name, const StoredTensor& info,
+                                          const std::string& dtype) const {
+  const c10::ScalarType stored = stored_type(info, source_.path());
+  if (dtype.empty()) return stored;
+  const c10::ScalarType target = parse_compute_dtype(dtype, "dtype");
+  if (stored != target && !dtype_is_computable(info.dtype)) {
+    throw CheckpointError(fmt::format("{}: tensor '{}' is stored as {}, which tprun cannot compute with "
+                                      "(expected a floating-point weight: F32, BF16, F16 or F8)",
+                                      source_.path(), name, dtype_name(info.dtype)));
+  }
+  return target;
+}
+
 at::Tensor ShardLoader::finish(at::Tensor host, const std::string& name, const StoredTensor& info,
                                const std::string& dtype) {
-  c10::ScalarType target = host.scalar_type();
-  if (!dtype.empty()) {
-    target = parse_compute_dtype(dtype, "dtype");
-    if (host.scalar_type() != target && !dtype_is_computable(info.dtype)) {
-      throw CheckpointError(fmt::format("{}: tensor '{}' is stored as {}, which tprun cannot compute with "
-                                        "(expected a floating-point weight: F32, BF16, F16 or F8)",
-                                        source_.path(), name, dtype_name(info.dtype)));
-    }
-  }
+  const c10::ScalarType target = dtype.empty() ? host.scalar_type() : compute_type(name, info, dtype);
   const c10::Device device(options_.device);
   if (device.is_cpu()) return host.scalar_type() == target ? host : host.to(target);
   // Host slice -> device, converted there.
@@ -63,23 +112,64 @@ at::Tensor ShardLoader::load(const std::string& name, const ShardRequest& reques
 }
 
 at::Tensor ShardLoader::load_as(const std::string& name, const ShardRequest& request, const std::string& dtype) {
+  return load_kept(name, request, dtype, c10::ScalarType::Undefined);
+}
+
+at::Tensor ShardLoader::load_cast(const std::string& name, const ShardRequest& request, c10::ScalarType storage) {
+  return load_kept(name, request, options_.dtype, storage);
+}
+
+at::Tensor ShardLoader::load_kept(const std::string& name, const ShardRequest& request, const std::string& dtype,
+                                  c10::ScalarType storage) {
   if (!dtype.empty()) parse_compute_dtype(dtype, "dtype");
   const StoredTensor info = source_.describe(name);
+  const bool cast = storage != c10::ScalarType::Undefined;
   if (options_.mode == LoadMode::LoadThenShard) {
     at::Tensor full = read_whole(name);
     at::Tensor part = slice_in_memory(full, name, request);
     // A view would keep the whole tensor alive: copy the slice out.
     if (part.data_ptr() != full.data_ptr() || part.numel() != full.numel())
       part = part.clone(at::MemoryFormat::Contiguous);
-    return finish(part, name, info, dtype);
+    at::Tensor t = finish(part, name, info, dtype);
+    return cast ? t.to(storage) : t;
   }
   const SlicePlan plan = plan_slice(name, info.shape, dtype_bits(info.dtype), request);
   const c10::Device device(options_.device);
-  auto opts = at::TensorOptions().dtype(stored_type(info, source_.path()));
+  const c10::ScalarType stored = stored_type(info, source_.path());
+  if (device.is_cpu()) {
+    const c10::ScalarType compute = compute_type(name, info, dtype);
+    const c10::ScalarType kept = cast ? storage : compute;
+    if (stored != compute || kept != compute) return load_staged(name, request, plan, stored, compute, kept);
+  }
+  auto opts = at::TensorOptions().dtype(stored);
   if (device.is_cuda()) opts = opts.pinned_memory(true);
   at::Tensor host = at::empty(plan.shape, opts);
   source_.read_slice(name, request, plan, host.data_ptr());
-  return finish(host, name, info, dtype);
+  at::Tensor t = finish(host, name, info, dtype);
+  return cast ? t.to(storage) : t;
+}
+
+at::Tensor ShardLoader::load_staged(const std::string& name, const ShardRequest& request, const SlicePlan& plan,
+                                    c10::ScalarType stored, c10::ScalarType compute, c10::ScalarType kept) {
+  // The conversions a load without staging makes (host.to(compute), then
+  // .to(kept)), each a copy_ as Tensor::to is, so the kept values are the same:
+  // stored -> compute in the buffer's second part where neither end is it.
+  const bool via_compute = stored != compute && compute != kept;
+  const size_t read_bytes = round_up(plan.bytes, 64);
+  int64_t numel = 1;
+  for (int64_t d : plan.shape) numel *= d;
+  const size_t compute_bytes = via_compute ? static_cast<size_t>(numel) * c10::elementSize(compute) : 0;
+  char* buffer = staging_->reserve(read_bytes + compute_bytes);
+  source_.read_slice(name, request, plan, buffer);
+  at::Tensor from = at::from_blob(buffer, plan.shape, at::TensorOptions().dtype(stored));
+  if (via_compute) {
+    at::Tensor in_compute = at::from_blob(buffer + read_bytes, plan.shape, at::TensorOptions().dtype(compute));
+    in_compute.copy_(from);
+    from = in_compute;
+  }
+  at::Tensor out = at::empty(plan.shape, at::TensorOptions().dtype(kept));
+  out.copy_(from);
+  return out;
 }
 
 std::vector<at::Tensor> ShardLoader::load_many(const std::vector<LoadItem>& items) {

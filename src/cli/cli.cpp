@@ -46,7 +46,7 @@ const std::vector<Command>& all_commands() {
   static const std::vector<Command> commands = {
       run_command(),     generate_command(), init_model_command(), tokenize_command(), env_command(),
       inspect_command(), shard_command(),    convert_command(),    forward_command(),  verify_command(),
-      merge_results_command(), bench_command()};
+      merge_results_command(), bench_command(), plan_command()};
   return commands;
 }
 

@@ -5,13 +5,15 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "checkpoint/component_checkpoint.h"
-#include "checkpoint/hdf5_source.h"
 #include "checkpoint/pipeline_folder.h"
 #include "cli/command.h"
 #include "models/model_config.h"
 #include "models/model_registry.h"
+#include "models/weight_bytes.h"
+#include "pipelines/pipeline_layout.h"
 #include "runtime/error.h"
 #include "runtime/size_string.h"
 
@@ -19,7 +21,7 @@ namespace tprun::cli {
 namespace {
 
 namespace fs = std::filesystem;
-using checkpoint::ComponentCheckpoint;
+using models::StoredRow;
 
 bool folder_has_weights(const fs::path& dir) {
   std::error_code ec;
@@ -28,54 +30,6 @@ bool folder_has_weights(const fs::path& dir) {
     if (n.find(".safetensors") != std::string::npos || checkpoint::is_pickle_file(n)) return true;
   }
   return false;
-}
-
-struct Row {
-  std::string name;
-  checkpoint::Dtype dtype;
-  std::vector<int64_t> shape;
-  uint64_t bytes;
-  std::string file;
-};
-
-// What a component holds, from either format.
-struct Listing {
-  nlohmann::json config = nlohmann::json::object();
-  bool has_config = false;
-  std::string config_path;
-  std::string index;
-  std::vector<std::string> files;
-  std::vector<Row> rows;  // by name
-  uint64_t total = 0;
-};
-
-Listing list_component(const std::string& path, const std::string& variant) {
-  Listing l;
-  if (checkpoint::is_hdf5_file(path)) {
-    checkpoint::Hdf5Source src(path);
-    l.config = src.config();
-    l.has_config = src.has_config();
-    l.config_path = path + ":config.json";
-    l.files.push_back(fs::path(path).filename().string());
-    for (const auto& n : src.tensor_names()) {
-      const auto t = src.describe(n);
-      l.rows.push_back({n, t.dtype, t.shape, t.nbytes(), l.files[0]});
-    }
-  } else {
-    ComponentCheckpoint ck = ComponentCheckpoint::open(path, variant);
-    l.config = ck.config();
-    l.has_config = ck.has_config();
-    l.config_path = (fs::path(path) / "config.json").string();
-    l.index = ck.index_path();
-    for (const auto& f : ck.files()) l.files.push_back(fs::path(f.file).filename().string());
-    for (const auto& n : ck.tensor_names()) {
-      const auto loc = ck.locate(n);
-      l.rows.push_back({n, loc.entry->dtype, loc.entry->shape, loc.entry->nbytes(),
-                        fs::path(ck.files()[loc.file].file).filename().string()});
-    }
-  }
-  for (const auto& r : l.rows) l.total += r.bytes;
-  return l;
 }
 
 // The model table's TP plan: one entry per pattern, with its style.
@@ -89,9 +43,11 @@ nlohmann::json tp_plan_json(const models::ModelTable& table) {
   return plan;
 }
 
-// One stored tensor and, with a model table, its TP plan there; a shape other
-// than the table's is a CheckpointError.
-nlohmann::json tensor_json(const Row& row, const models::ModelTable* table, const std::string& config_path) {
+// One stored tensor and, with a model table, its TP plan there ("(not
+// loaded)" where the table, built with a pipeline's load options, marks it
+// optional); a shape other than the table's is a CheckpointError.
+nlohmann::json tensor_json(const StoredRow& row, const models::ModelTable* table, const std::string& config_path,
+                           bool loads_only) {
   nlohmann::json t;
   t["name"] = row.name;
   t["dtype"] = checkpoint::dtype_name(row.dtype);
@@ -111,6 +67,7 @@ nlohmann::json tensor_json(const Row& row, const models::ModelTable* table, cons
       }
       plan = spec->style == checkpoint::ShardStyle::Replicated ? "replicated"
                                                                 : checkpoint::shard_style_name(spec->style);
+      if (loads_only && spec->optional) plan = "(not loaded)";
       if (!spec->plan_key.empty()) t["plan_key"] = spec->plan_key;
       t["kind"] = models::tensor_kind_name(spec->kind);
       t["table_index"] = spec - table->tensors.data();  // declaration (module) order
@@ -131,27 +88,24 @@ void check_required_tensors(const models::ModelTable& table, const std::set<std:
   }
 }
 
-// What each of `tp` ranks would read; {"valid": false, "error"} when the
-// model cannot run at that TP size.
-nlohmann::json tp_shares(const std::vector<Row>& rows, const models::ModelTable* table, int tp,
-                         const std::string& path) {
+// What each of `tp` ranks would read (with `loads_only`, only what the load
+// reads: the table's tensors it does not mark optional); {"valid": false,
+// "error"} when the model cannot run at that TP size.
+nlohmann::json tp_shares(const std::vector<StoredRow>& rows, const models::ModelTable* table, int tp,
+                         const std::string& path, bool loads_only) {
   nlohmann::json j;
   j["size"] = tp;
   try {
     if (table) models::validate_tp_size(*table, tp, path);
-    std::vector<uint64_t> per_rank(static_cast<size_t>(tp), 0);
-    for (int r = 0; r < tp; ++r) {
-      for (const auto& row : rows) {
-        checkpoint::ShardRequest req;  // tensors the model does not know are read whole
-        if (table && table->find(row.name)) req = table->request(row.name, r, tp);
-        req.tp_rank = r;
-        req.tp_size = tp;
-        per_rank[static_cast<size_t>(r)] +=
-            checkpoint::plan_slice(row.name, row.shape, checkpoint::dtype_bits(row.dtype), req).bytes;
-      }
+    models::RowFilter loaded;
+    if (loads_only && table) {
+      loaded = [table](const StoredRow& row) {
+        const models::TensorSpec* spec = table->find(row.name);
+        return spec != nullptr && !spec->optional;
+      };
     }
     j["valid"] = true;
-    j["bytes_per_rank"] = per_rank;
+    j["bytes_per_rank"] = models::bytes_per_rank(rows, table, tp, loaded);
   } catch (const Error& err) {
     j["valid"] = false;
     j["error"] = err.what();
@@ -159,18 +113,23 @@ nlohmann::json tp_shares(const std::vector<Row>& rows, const models::ModelTable*
   return j;
 }
 
-// Inspects one component; returns its JSON description. Throws on an invalid checkpoint.
+// Inspects one component; returns its JSON description. Throws on an invalid
+// checkpoint. `load_options`: the options a pipeline loads it with (its
+// table then marks what that load never reads as not loaded); null for a
+// component on its own.
 nlohmann::json inspect_component(const std::string& name, const std::string& path, const std::string& variant,
-                                 int tp) {
-  const Listing l = list_component(path, variant);
+                                 int tp, const models::ModelOptions* load_options) {
+  const models::ComponentListing l = models::list_component(path, variant);
   std::optional<models::ModelTable> table;
   if (l.has_config) {
-    std::vector<std::string> names;
-    for (const auto& row : l.rows) names.push_back(row.name);
-    const models::TensorCensus census(std::move(names), path);  // block counts against what the checkpoint holds
-    table = models::model_table_for(l.config, l.config_path, {}, &census);
+    const models::TensorCensus census(l.names(), path);  // block counts against what the checkpoint holds
+    // Under a hidden-layer cut the layers after it may be absent, as the load allows.
+    const bool cut = load_options && !load_options->hidden_layers.empty();
+    table = models::model_table_for(l.config, l.config_path, load_options ? *load_options : models::ModelOptions{},
+                                    cut ? nullptr : &census);
   }
   const models::ModelTable* t = table ? &*table : nullptr;
+  const bool loads_only = load_options != nullptr;
 
   nlohmann::json out;
   out["name"] = name;
@@ -184,11 +143,11 @@ nlohmann::json inspect_component(const std::string& name, const std::string& pat
   std::set<std::string> present;
   for (const auto& row : l.rows) {
     present.insert(row.name);
-    out["tensors"].push_back(tensor_json(row, t, l.config_path));
+    out["tensors"].push_back(tensor_json(row, t, l.config_path, loads_only));
   }
   if (table) check_required_tensors(*table, present, path);
   out["total_bytes"] = l.total;
-  if (tp > 0) out["tp"] = tp_shares(l.rows, t, tp, path);
+  if (tp > 0) out["tp"] = tp_shares(l.rows, t, tp, path, loads_only);
   return out;
 }
 
@@ -232,17 +191,31 @@ int run_inspect(const std::string& path, int tp, bool json, const std::string& v
   if (checkpoint::is_pipeline_folder(path)) {
     auto pipe = checkpoint::open_pipeline_folder(path);
     out["class"] = pipe.cls;
+    // Each component as the pipeline loads it (its hidden-layer cut, the VAE's decoder).
+    std::optional<pipelines::PipelineLayout> layout;
+    if (pipelines::has_pipeline_layout(pipe.cls)) {
+      pipelines::PipelineOptions options;
+      options.variant = variant;
+      try {
+        layout = pipelines::pipeline_layout(path, options);
+      } catch (const Error& e) {
+        // A folder the pipeline would refuse is still listed, component by component.
+        spdlog::warn("{}: the {} would not load it ({}); its components are shown on their own", path, pipe.cls,
+                     e.what());
+      }
+    }
     for (const auto& c : pipe.components) {
       if (!folder_has_weights(c.path)) {
         out["components"].push_back({{"name", c.name}, {"class", c.cls}, {"weights", false}});
         continue;
       }
-      auto comp = inspect_component(c.name, c.path, variant, tp);
+      const pipelines::ComponentLayout* loaded = layout ? layout->find(c.name) : nullptr;
+      auto comp = inspect_component(c.name, c.path, variant, tp, loaded ? &loaded->options : nullptr);
       comp["weights"] = true;
       out["components"].push_back(std::move(comp));
     }
   } else {
-    auto comp = inspect_component(fs::path(path).filename().string(), path, variant, tp);
+    auto comp = inspect_component(fs::path(path).filename().string(), path, variant, tp, nullptr);
     comp["weights"] = true;
     out["components"].push_back(std::move(comp));
   }

@@ -28,6 +28,7 @@ const std::vector<Command>& all_commands();
 Command env_command();
 Command bench_command();
 Command inspect_command();
+Command plan_command();
 Command shard_command();
 Command convert_command();
 Command forward_command();

@@ -1,5 +1,6 @@
-// The batch job as named steps: validate, mesh, resume, load, schedule, the
-// replica loop, results. See job_runner.h.
+// The batch job as named steps up to the schedule: validate, mesh, phases,
+// load, resume, check, schedule (job_run_loop.cpp: the replica loop and the
+// results). See job_runner.h and job_run.h.
 #include "jobs/job_runner.h"
 
 #include <unistd.h>
@@ -25,6 +26,8 @@
 #include "dist/mesh.h"
 #include "dist/session.h"
 #include "jobs/hdf5_store.h"
+#include "jobs/job_fit.h"
+#include "jobs/job_run.h"
 #include "jobs/job_schedule.h"
 #include "jobs/merge_results.h"
 #include "jobs/output_folder.h"
@@ -32,14 +35,15 @@
 #include "jobs/request_list.h"
 #include "jobs/results_log.h"
 #include "jobs/run_status.h"
+#include "jobs/staged_phases.h"
 #include "pipelines/pipeline.h"
-#include "pipelines/png_image.h"
 #include "runtime/error.h"
+#include "runtime/host_memory.h"
+#include "runtime/rank_env.h"
+#include "runtime/memory_release.h"
 
 namespace tprun::jobs {
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-using Tag = dist::ControlPlane::Tag;
 
 namespace {
 
@@ -47,20 +51,8 @@ std::atomic<int> g_stop{0};
 
 extern "C" void on_stop_signal(int) { g_stop.store(1); }
 
-// Thrown from the step callback once the TP group agreed to stop: leaves the
-// request mid-denoise (nothing of it is written or recorded; it runs again on
-// resume). Not a tprun::Error, so nothing on the way turns it into a failure.
-struct StopAgreed {};
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-struct Plan {
-  Manifest manifest;
-  std::vector<JobRequest> requests;
-};
-
-Plan read_plan(const RunOptions& o) {
-  Plan p;
+JobPlan read_plan(const RunOptions& o) {
+  JobPlan p;
   p.manifest = parse_manifest(o.manifest, o.overrides);
   check_requests_file(p.manifest.path, p.manifest.requests);
   check_paths(p.manifest);
@@ -88,69 +80,8 @@ bool is_stale_temp(const fs::path& p) {
   return n.size() > 1 && n[0] == '.' && n.find(".tmp") != std::string::npos;
 }
 
-// One run of `tprun run`, step by step. Every rank constructs one and calls
-// run(); the steps are collective in the order run() calls them.
-class JobRun {
- public:
-  JobRun(Session& session, const RunOptions& options, StatusFile& status)
-      : session_(session), options_(options), status_(status), control_(session.watchdog()), rank_(session.rank()) {}
+}  // namespace
 
-  int run() {
-    validate();
-    status_.arm(stop_requested);  // the inputs (the status file's path among them) checked
-    make_mesh();
-    load();
-    resume();
-    check_requests();
-    schedule();
-    replica_loop();
-    return results();
-  }
-
- private:
-  void validate();
-  void make_mesh();
-  void resume();
-  void load();
-  void check_requests();
-  void schedule();
-  void replica_loop();
-  int results();
-
-  void run_unit(const Unit& unit);
-  bool agree_stop();
-  void write_outputs(const JobRequest& req, const pipelines::GenerationResult& res, ResultRecord& rec);
-  void write_record(const ResultRecord& r);
-  void handle_message(Tag tag, const std::string& payload);
-  std::vector<std::pair<std::string, std::string>> png_text(const JobRequest& r) const;
-
-  Session& session_;
-  const RunOptions& options_;
-  StatusFile& status_;
-  dist::ControlPlane control_;
-  const int rank_;
-
-  Plan plan_;
-  std::unique_ptr<dist::DeviceMesh> mesh_;
-  std::unique_ptr<OutputLock> lock_;  // world rank 0 only: the output folder's, for the whole run
-  std::unique_ptr<ResultsLog> log_;   // world rank 0 only
-  fs::path out_dir_, images_;
-  std::vector<const JobRequest*> todo_;
-  int64_t skipped_ = 0;
-  std::unique_ptr<pipelines::Pipeline> pipe_;
-  std::set<const JobRequest*> runnable_;
-  std::vector<Unit> mine_;
-  std::unique_ptr<Hdf5Store> store_;
-
-  // The loop's tallies (world rank 0 sums the records of every replica).
-  std::unique_ptr<Progress> progress_;
-  double stage_sums_[3] = {0, 0, 0};  // encode, denoise, decode over this run's records
-  int64_t failed_ = 0, recorded_ = 0;  // recorded_: records of this run (an interrupted one has fewer)
-  int finishes_ = 0, interrupted_replicas_ = 0;
-  bool interrupted_ = false;
-  double compute_s_ = 0, loop_s_ = 0;
-  Clock::time_point loop_start_;
-};
 
 // 1. Manifest and requests, parsed and checked on rank 0: one verdict for all,
 //    before any model is loaded or anything written.
@@ -169,8 +100,8 @@ void JobRun::validate() {
   const Manifest& m = plan_.manifest;
   const int world = session_.world();
   control_.agree([&] {
-    const int dp = m.dp > 0 ? m.dp : (world % m.tp == 0 ? world / m.tp : 0);
-    if (dp == 0 || m.tp * dp != world) {
+    const int dp = m.tp == 0 ? world : m.dp > 0 ? m.dp : (world % m.tp == 0 ? world / m.tp : 0);
+    if (m.tp != 0 && (dp == 0 || m.tp * dp != world)) {
       throw ConfigError(fmt::format("{}: parallel.tp {} x parallel.dp {} must equal the number of ranks {}", m.path,
                                     m.tp, m.dp > 0 ? std::to_string(m.dp) : std::string("(world / tp)"), world),
                         true);
@@ -286,9 +217,76 @@ void JobRun::resume() {
   }
 }
 
-// 3. The pipeline model_index.json names; every request gets its defaults.
+// How the phases run: every component resident ("together"), or the text
+// encoders first, then the transformer and VAE ("staged"); with tp = "auto"
+// or phases = "auto" the fit planner decides on world rank 0 (configs and
+// headers only; the same table `tprun plan` prints) and every rank follows.
+void JobRun::choose_phases() {
+  Manifest& m = plan_.manifest;
+  if (m.tp > 0 && m.phases != "auto") {
+    staged_ = m.phases == "staged";
+  } else {
+    std::string choice;
+    control_.agree([&] {
+      const auto env = rank_env_from_variables(process_env());
+      const std::string device = session_.device().device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+      pipelines::FitQuery q = fit_query(m, plan_.requests, session_.world(), device);
+      q.ranks_per_node = env && env->local_size > 0 ? env->local_size : session_.world();
+      const pipelines::FitPlan plan = pipelines::plan_fit(q);
+      spdlog::info("the fit planner's table:\n{}", format_fit_plan(plan, m.model, q.world));
+      int tp = m.tp;
+      if (tp == 0) {
+        if (!plan.chosen) {
+          throw ConfigError(fmt::format("{}: parallel.tp = \"auto\": {}", m.path, no_fit_message(plan, m.model, q.world)),
+                            true);
+        }
+        tp = plan.chosen->tp;
+      }
+      std::string phases = m.phases;
+      if (phases == "auto") {
+        const pipelines::FitCandidate* together = plan.find(tp, "together");
+        phases = m.tp == 0 ? plan.auto_stages : together && together->fits ? "together" : "staged";
+        const pipelines::FitCandidate* staged = plan.find(tp, "staged");
+        if (phases == "staged" && staged && !staged->fits) {
+          spdlog::warn("{}: the planner predicts a peak of {} per rank at tp {} even staged, over the {} it plans "
+                       "for; running staged anyway",
+                       m.path, format_bytes(staged->peak), tp, format_bytes(plan.rank_memory));
+        }
+      }
+      choice = fmt::format("{} {}", tp, phases);
+    });
+    control_.broadcast(choice);
+    const auto space = choice.find(' ');
+    m.tp = std::stoi(choice.substr(0, space));
+    staged_ = choice.substr(space + 1) == "staged";
+    if (m.dp == 0 && session_.world() % m.tp == 0) m.dp = session_.world() / m.tp;
+  }
+  if (rank_ == 0) {
+    spdlog::info("schedule.phases = \"{}\"{}: {}; tp {} x dp {}", m.phases,
+                 m.phases == "auto" ? (staged_ ? " (staged)" : " (together)") : "",
+                 staged_ ? "encode the prompts, free the text encoders, then denoise" : "every component resident",
+                 m.tp, m.dp > 0 ? m.dp : session_.world() / m.tp);
+  }
+}
+
+// 3. The pipeline model_index.json names (staged: its text encoders only);
+//    every request gets its defaults.
 void JobRun::load() {
+  spdlog::info("{}", memory::describe(plan_.manifest.memory));
+  load_pipeline(staged_);
+  for (auto& r : plan_.requests) r.gen = pipe_->with_defaults(r.gen);
+}
+
+// The pipeline in full, or (staged) its text encoders only or its transformer
+// and VAE only; the one held before is freed first and its memory returned.
+void JobRun::load_pipeline(bool encoders_only) {
   const Manifest& m = plan_.manifest;
+  if (pipe_) {
+    pipe_.reset();
+    const uint64_t freed = release_free_memory();
+    spdlog::debug("freed the {} ({} returned to the system)", encoders_loaded_ ? "text encoders" : "denoiser",
+                  format_bytes(freed));
+  }
   parallel::TpContext tp{mesh_->tp_rank(), mesh_->tp_size(), mesh_->tp_size() > 1 ? &mesh_->tp_device() : nullptr};
   pipelines::PipelineOptions lo;
   lo.dtype = m.dtype;
@@ -296,13 +294,16 @@ void JobRun::load() {
   lo.shard_text_encoders = m.shard_text_encoders;
   lo.shard_modulation = m.shard_modulation;
   lo.component_base.memory = m.memory;
-  spdlog::info("{}", memory::describe(m.memory));
+  lo.text_encoders = !staged_ || encoders_only;
+  lo.denoiser = !staged_ || !encoders_only;
   const auto t0 = Clock::now();
   pipe_ = pipelines::load_pipeline(m.model, tp, lo);
-  spdlog::info("loaded {} ({}) in {:.2f} s ({} bytes on this rank)", m.model, pipe_->class_name(), seconds_since(t0),
+  encoders_loaded_ = staged_ && encoders_only;
+  spdlog::info("loaded {} ({}{}) in {:.2f} s ({} bytes on this rank)", m.model, pipe_->class_name(),
+               !staged_ ? "" : encoders_only ? ": text encoders" : ": transformer and VAE", seconds_since(t0),
                pipe_->bytes_loaded());
-  for (auto& r : plan_.requests) r.gen = pipe_->with_defaults(r.gen);
 }
+
 
 // Every request to run is checked once (batching, the store and the loop use
 // the verdict).
@@ -336,227 +337,15 @@ void JobRun::schedule() {
     }
     store_ = std::make_unique<Hdf5Store>(out_dir_.string(), m.hdf5, m.latents, srs, control_, MPI_COMM_WORLD);
   }
-}
-
-std::vector<std::pair<std::string, std::string>> JobRun::png_text(const JobRequest& r) const {
-  auto t = pipelines::generation_text(r.gen, plan_.manifest.model, plan_.manifest.dtype);
-  t.insert(t.begin() + 1, {"id", r.id});
-  return t;
-}
-
-void JobRun::write_record(const ResultRecord& r) {
-  log_->append(r);
-  ++recorded_;
-  stage_sums_[0] += r.encode_s;
-  stage_sums_[1] += r.denoise_s;
-  stage_sums_[2] += r.decode_s;
-  if (r.status != "done") {
-    ++failed_;
-    spdlog::warn("request {} failed: {}", r.id, r.error);
-  }
-  progress_->record(r.status == "done");
-}
-
-void JobRun::handle_message(Tag tag, const std::string& payload) {
-  if (tag == Tag::Record) {
-    write_record(ResultRecord::from_json(nlohmann::json::parse(payload)));
-    return;
-  }
-  ++finishes_;
-  if (payload == "interrupted") ++interrupted_replicas_;
-}
-
-// The replica's TP rank 0 writes one request's image (PNG) and store data. A
-// failure of the file system (disk full, quota, read-only) is an IoError
-// naming the path and the errno text: it ends the job, the log stays whole.
-void JobRun::write_outputs(const JobRequest& req, const pipelines::GenerationResult& res, ResultRecord& rec) {
-  const Manifest& m = plan_.manifest;
-  const auto td = Clock::now();
-  if (m.png) {
-    rec.path = "images/" + req.id + ".png";
-    const std::string path = (out_dir_ / rec.path).string();
-    // I/O failures (disk full, quota, EFBIG) come as IoError naming the path and the errno text.
-    pipelines::write_png(path, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
-                         png_text(req));
-  }
-  if (store_) {
-    try {
-      store_->write(req.id, res.rgb, *res.latents);
-    } catch (const CheckpointError& e) {
-      throw IoError(fmt::format("cannot write {} into the HDF5 store {}: {}", req.id, store_->path(), e.what()));
-    }
-    if (!m.png) {
-      rec.path = fs::relative(store_->path(), out_dir_).string() + ":" + (m.hdf5 ? "/images/" : "/latents/") + req.id;
-    }
-  }
-  rec.decode_s = res.times.decode_s + seconds_since(td);
-}
-
-// One unit on this replica: generate, write the images (TP rank 0), and the
-// records to world rank 0.
-void JobRun::run_unit(const Unit& unit) {
-  const bool leader = mesh_->tp_rank() == 0;
-  const auto drain = [&] {
-    if (rank_ == 0) control_.poll([&](Tag tag, int, const std::string& p) { handle_message(tag, p); });
-  };
-  std::vector<ResultRecord> recs(unit.size());
-  std::vector<pipelines::GenerationRequest> gens;
-  for (size_t k = 0; k < unit.size(); ++k) {
-    const JobRequest& req = *unit[k];
-    ResultRecord& rec = recs[k];
-    rec.id = req.id;
-    rec.seed = req.gen.seed;
-    rec.height = req.gen.height.value_or(0);
-    rec.width = req.gen.width.value_or(0);
-    rec.steps = req.gen.steps.value_or(0);
-    rec.replica = mesh_->dp_rank();
-    gens.push_back(req.gen);
-  }
-  const auto t0 = Clock::now();
-  try {
-    // A stop is agreed at every denoise step, not only between requests: a
-    // request can take longer than the launcher's grace before its SIGKILL.
-    auto results = pipe_->generate_batch(gens, [&](int64_t step, int64_t steps, double) {
-      drain();
-      if (!agree_stop()) return;
-      if (rank_ == 0) {
-        spdlog::info("stopping at step {} of {} of {}; it runs again on resume", step + 1, steps, unit.front()->id);
-      }
-      throw StopAgreed{};
-    });
-    for (size_t k = 0; k < unit.size(); ++k) {
-      const JobRequest& req = *unit[k];
-      const auto& res = results[k];
-      ResultRecord& rec = recs[k];
-      rec.encode_s = res.times.encode_s;
-      rec.denoise_s = res.times.denoise_s();
-      if (!res.error.empty()) {
-        rec.status = "failed";
-        rec.error = res.error;
-        continue;
-      }
-      if (leader) write_outputs(req, res, rec);
-      rec.status = "done";
-    }
-  } catch (const StopAgreed&) {
-    compute_s_ += seconds_since(t0);
-    throw;
-  } catch (const RequestError& e) {
-    for (auto& rec : recs) {
-      rec.status = "failed";
-      rec.error = e.what();
-    }
-  }
-  compute_s_ += seconds_since(t0);
-  if (leader) {
-    for (const auto& rec : recs) {
-      if (rank_ == 0) {
-        write_record(rec);
-      } else {
-        control_.send_to_root(Tag::Record, rec.to_json().dump());
-      }
-    }
-  }
-  drain();
-}
-
-// Whether this replica stops now (SIGTERM / SIGINT on any of its ranks): an
-// AllReduce of the flag over the TP group (MPI, a few bytes), so that all its
-// ranks stop at the same point. World rank 0 writes the verdict at once.
-bool JobRun::agree_stop() {
-  at::Tensor stop = at::full({1}, stop_requested() ? 1 : 0, at::TensorOptions().dtype(at::kInt));
-  if (mesh_->tp_size() > 1) mesh_->tp().all_reduce(stop, {dist::ReduceOp::Max});
-  if (stop.item<int>() == 0) return false;
-  if (rank_ == 0) status_.interrupted();
-  return true;
-}
-
-// 6. Each replica runs its units in order; all TP ranks of a replica run the
-//    same unit. Before each unit the TP group agrees whether to stop
-//    (SIGTERM / SIGINT). World rank 0 takes every replica's records.
-void JobRun::replica_loop() {
-  const std::string& mode = options_.progress;
-  progress_ = std::make_unique<Progress>(static_cast<int64_t>(plan_.requests.size()), skipped_,
-                                         mode == "live" || (mode == "auto" && ::isatty(2)),
-                                         mode == "none" ? 1e18 : 10.0);
-  loop_start_ = Clock::now();
-  for (const Unit& unit : mine_) {
-    if (agree_stop()) {
-      interrupted_ = true;
-      break;
-    }
-    try {
-      run_unit(unit);
-    } catch (const StopAgreed&) {
-      interrupted_ = true;
-      break;
-    }
-  }
-  loop_s_ = seconds_since(loop_start_);
-  const bool leader = mesh_->tp_rank() == 0;
-  if (leader && rank_ != 0) control_.send_to_root(Tag::Finish, interrupted_ ? "interrupted" : "finished");
-  if (interrupted_) ++interrupted_replicas_;
-  control_.flush();
-  if (rank_ == 0) {
-    int expected = 0;
-    for (int r = 1; r < session_.world(); ++r) expected += mesh_->layout().coord(r).tp_index == 0 ? 1 : 0;
-    while (finishes_ < expected) control_.wait([&](Tag tag, int, const std::string& p) { handle_message(tag, p); });
-    progress_->finish();
+  if (staged_) {
+    // Indexed by every rank before any replica writes a chunk (the barrier),
+    // so the ranks of a TP group see the same cache; each group then adds
+    // only the chunks it writes itself.
+    embeddings_ = std::make_unique<EmbeddingCache>(
+        out_dir_.string(), embedding_fingerprint(m.model, embedding_settings(m, mesh_->tp_size())));
+    control_.barrier();
   }
 }
-
-// 7. The store closed (every dataset written is a `done` record), the summary,
-//    and one exit code for all ranks.
-int JobRun::results() {
-  if (store_) {
-    std::string done_json;
-    if (rank_ == 0) {
-      nlohmann::json done = nlohmann::json::array();
-      for (const auto& [id, rec] : log_->records()) {
-        if (rec.status == "done") done.push_back(id);
-      }
-      done_json = done.dump();
-    }
-    control_.broadcast(done_json);
-    std::set<std::string> written;
-    for (const auto& id : nlohmann::json::parse(done_json)) written.insert(id.get<std::string>());
-    const std::string path = store_->finish(written);
-    if (rank_ == 0) spdlog::info("HDF5 store: {}", path);
-  }
-  // Prompt encodes run and saved by the embeddings cache, summed over the
-  // replicas (their TP rank 0s: the other ranks of a group encode the same).
-  const auto cache = pipe_->prompt_cache_stats();
-  const bool leader = mesh_->tp_rank() == 0;
-  at::Tensor encodes = at::tensor({leader ? cache.misses : 0, leader ? cache.hits : 0},
-                                  at::TensorOptions().dtype(at::kLong));
-  mesh_->world().all_reduce(encodes);
-  int64_t code = 0;
-  if (rank_ == 0) {
-    spdlog::info("prompt encodes: {} run, {} saved by the embeddings cache", encodes[0].item<int64_t>(),
-                 encodes[1].item<int64_t>());
-    const double wall = seconds_since(loop_start_);
-    const double total = stage_sums_[0] + stage_sums_[1] + stage_sums_[2];
-    const int64_t ran = recorded_;
-    auto share = [&](double x) { return total > 0 ? 100 * x / total : 0.0; };
-    spdlog::info("summary: {} run ({} failed) in {:.2f} s, {:.3f} img/s; stage shares encode {:.1f}% denoise {:.1f}% "
-                 "decode+write {:.1f}%; replica 0 runner overhead {:.2f}% ({:.3f} s of {:.3f} s)",
-                 ran, failed_, wall, wall > 0 ? static_cast<double>(ran) / wall : 0.0, share(stage_sums_[0]),
-                 share(stage_sums_[1]), share(stage_sums_[2]),
-                 loop_s_ > 0 ? 100 * (loop_s_ - compute_s_) / loop_s_ : 0.0, loop_s_ - compute_s_, loop_s_);
-    spdlog::info("results: {} | images: {}", log_->path(), images_.string());
-    if (interrupted_replicas_ > 0) {
-      spdlog::warn("interrupted: {} replica(s) stopped early; rerun the same command to resume (exit code {})",
-                   interrupted_replicas_, kExitInterrupted);
-      code = kExitInterrupted;
-    } else if (failed_ > 0) {
-      code = kExitSomeFailed;
-    }
-  }
-  control_.broadcast(code);
-  return static_cast<int>(code);
-}
-
-}  // namespace
 
 void parse_shard(const std::string& text, RunOptions& o) {
   const ShardSpec shard = parse_shard_spec(text);

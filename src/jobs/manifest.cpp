@@ -14,6 +14,7 @@
 #include "memory/memory_table.h"
 #include "memory/strict_toml.h"
 #include "runtime/error.h"
+#include "runtime/size_string.h"
 
 namespace tprun::jobs {
 namespace fs = std::filesystem;
@@ -35,6 +36,11 @@ std::string resolve(const std::string& manifest, const std::string& p) {
 void read_parallel_table(const TomlDoc& doc, const toml::table& table, Manifest& m) {
   walk_table(doc, table, "parallel.",
              {{"tp", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
+                 if (v.is_string()) {
+                   if (r.str(f, v) != "auto") doc.fail(r.key(f), v, "must be a whole number or \"auto\"");
+                   m.tp = 0;  // chosen at start by the fit planner
+                   return;
+                 }
                  m.tp = static_cast<int>(r.integer(f, v, 1, 4096));
                }},
               {"dp", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
@@ -117,6 +123,29 @@ void read_output_table(const TomlDoc& doc, const toml::table& table, Manifest& m
                }}});
 }
 
+// [schedule]
+void read_schedule_table(const TomlDoc& doc, const toml::table& table, Manifest& m) {
+  walk_table(doc, table, "schedule.",
+             {{"phases", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
+                 m.phases = r.str(f, v);
+                 if (m.phases != "auto" && m.phases != "together" && m.phases != "staged") {
+                   doc.fail(r.key(f), v, fmt::format("'{}' is not one of auto, together, staged", m.phases));
+                 }
+               }},
+              {"stage_requests", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
+                 m.stage_requests = r.integer(f, v, 0, 100000000);
+               }},
+              {"device_memory", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
+                 const std::string text = r.str(f, v);
+                 try {
+                   m.device_memory = parse_size(text, r.key(f));
+                 } catch (const Error&) {
+                   doc.fail(r.key(f), v, fmt::format("'{}' is not a size (e.g. \"80GB\", \"24GiB\")", clip_text(text)));
+                 }
+                 if (m.device_memory == 0) doc.fail(r.key(f), v, "must be more than 0 bytes");
+               }}});
+}
+
 // The top level: the keys, then the tables; `model` and `requests` are required.
 void read_manifest_root(const TomlDoc& doc, const toml::table& root, Manifest& m) {
   bool have_model = false, have_requests = false;
@@ -149,10 +178,19 @@ void read_manifest_root(const TomlDoc& doc, const toml::table& root, Manifest& m
       {"output", [&](const FieldReader&, const std::string& k, const toml::node& n) {
          read_output_table(doc, table_at(doc, k, n), m);
        }},
+      {"schedule", [&](const FieldReader&, const std::string& k, const toml::node& n) {
+         read_schedule_table(doc, table_at(doc, k, n), m);
+       }},
   };
   walk_table(doc, root, "", top);
   if (!have_model) throw ConfigError(fmt::format("{}: model: required key is missing", doc.path), true);
   if (!have_requests) throw ConfigError(fmt::format("{}: requests: required key is missing", doc.path), true);
+  if (m.tp == 0 && m.dp > 0) {
+    throw ConfigError(fmt::format("{}: parallel.tp = \"auto\" chooses dp too (the most replicas that fit); leave "
+                                  "parallel.dp unset or set parallel.tp to a number",
+                                  doc.path),
+                      true);
+  }
 }
 
 // Paths from the manifest are relative to its folder; from the command line

@@ -8,7 +8,7 @@
 //   model = "models/flux-tiny"        # pipeline folder, relative to the manifest
 //   dtype = "fp32"                    # fp32 | bf16 | fp16
 //   requests = "prompts.jsonl"        # JSONL, relative to the manifest
-//   [parallel]  tp = 1, dp = 0 (0: world / tp), device = "auto", allow_cross_node_tp = false,
+//   [parallel]  tp = 1 (or "auto": the fit planner's choice), dp = 0 (0: world / tp), device = "auto", allow_cross_node_tp = false,
 //               shard_text_encoders (unset: the pipeline's choice), shard_modulation = false
 //   [memory]    layerwise_casting, offload, device_map, max_memory, offload_folder, vae_slicing,
 //               vae_tiling, vae_tile_sample_size, vae_tile_overlap, attention_chunk
@@ -18,6 +18,9 @@
 //               1024, 1024, 28, 3.5, 1.0, none, 512), seed = 0 (the base seed)
 //   [output]    dir = "out", formats = ["png"] (png | hdf5 | latents: jobs/hdf5_store.h), batch_size = 1
 //               (same-shape requests denoised together, see job_runner.h)
+//   [schedule]  phases = "auto" (together | staged | auto: staged where together does not fit),
+//               stage_requests = 0 (staged: pending requests encoded per round; 0 = all of them),
+//               device_memory = "" (per rank, for the planner: "80GB"; default what the device reports)
 //
 // CLI overrides (`--set defaults.steps=4`, `--out DIR`) are applied to the
 // parsed document before validation; their errors name the override.
@@ -38,7 +41,7 @@ struct Manifest {
   std::string model;     // absolute or relative to the current folder (resolved against the manifest)
   std::string dtype = "fp32";
   std::string requests;  // resolved path of the JSONL file
-  int tp = 1;
+  int tp = 1;            // 0: "auto" (tprun plan's choice at start)
   int dp = 0;            // 0: world / tp
   std::string device = "auto";
   bool allow_cross_node_tp = false;
@@ -52,6 +55,14 @@ struct Manifest {
   std::string output_dir = "out";  // resolved against the manifest
   bool png = true, hdf5 = false, latents = false;
   int64_t batch_size = 1;
+  // [schedule]: "together" (every component resident), "staged" (encode the
+  // pending prompts, free the encoders, then denoise), "auto" (staged where
+  // the fit planner says together does not fit).
+  std::string phases = "auto";
+  int64_t stage_requests = 0;  // staged: requests per encode/denoise round; 0 = all pending
+  // The memory per rank the fit planner plans for (parallel.tp = "auto",
+  // phases = "auto"); 0 = what the device (CUDA) or the host reports.
+  uint64_t device_memory = 0;
 };
 
 // key=value, the key dotted ("defaults.steps", "output.dir", "model"). The

@@ -253,8 +253,15 @@ bool in_decoder(const std::string& name) {
 
 }  // namespace
 
-ModelTable AutoencoderKL::table_for(const VaeConfig& config, const ModelOptions&) {
-  return record_table(config.cls, [&](ModelBuilder& b) { declare_vae(config, b); });
+ModelTable AutoencoderKL::table_for(const VaeConfig& config, const ModelOptions& options) {
+  ModelTable table = record_table(config.cls, [&](ModelBuilder& b) { declare_vae(config, b); });
+  // What a load of one part never reads (the other half; see load()).
+  for (auto& t : table.tensors) {
+    if ((options.part == "decoder" && in_encoder(t.name)) || (options.part == "encoder" && in_decoder(t.name))) {
+      t.optional = true;
+    }
+  }
+  return table;
 }
 
 std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& source, const nlohmann::json& config,

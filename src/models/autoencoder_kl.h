@@ -82,7 +82,8 @@ class AutoencoderKL final : public Model {
   static constexpr const char* kClass = "AutoencoderKL";
 
   // The table: every state_dict tensor in module order, all replicated (the
-  // VAE has no TP plan).
+  // VAE has no TP plan); with options.part the other half's tensors are
+  // optional, as that load never reads them.
   static ModelTable table_for(const VaeConfig& config, const ModelOptions& options = {});
 
   // Validates the tensors of the requested part (ModelOptions::part:

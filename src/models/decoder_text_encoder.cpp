@@ -397,9 +397,14 @@ Mistral3Layout detect_layout(const checkpoint::WeightSource& source, const Decod
 }  // namespace
 
 ModelTable DecoderTextEncoder::table_for(const DecoderConfig& config, const ModelOptions& options) {
-  (void)layers_needed(config, options.hidden_layers);
+  const int64_t run = layers_needed(config, options.hidden_layers);
   DecoderWeights w;
-  return record_table(config.cls, [&](ModelBuilder& b) { declare_decoder(config, b, w); });
+  ModelTable table = record_table(config.cls, [&](ModelBuilder& b) { declare_decoder(config, b, w); });
+  // What a load with these hidden_layers never reads (the layers after the cut, the final norm).
+  if (const LoadFilter wanted = layer_filter(config, run)) {
+    for (auto& t : table.tensors) t.optional = t.optional || !wanted(t.name);
+  }
+  return table;
 }
 
 std::unique_ptr<DecoderTextEncoder> DecoderTextEncoder::load(checkpoint::WeightSource& source, const json& config,

@@ -29,7 +29,8 @@
 // last_hidden_state). ModelOptions::hidden_layers picks the ones returned;
 // layers after the largest one asked for are neither loaded nor run (the
 // final norm only when k = num_layers is asked for); the table still declares
-// every layer. No hidden_layers: every layer and the final norm.
+// every layer (those after the cut as optional in table_for). No
+// hidden_layers: every layer and the final norm.
 //
 // Tensor parallelism (transformers' base_model_tp_plan of Qwen3Config /
 // MistralConfig): q_proj, k_proj, v_proj, gate_proj, up_proj colwise;
@@ -137,7 +138,9 @@ class DecoderTextEncoder final : public Model {
  public:
   // The table (no checkpoint read): every layer, the final norm, and the
   // tensors never read (lm_head; Mistral3's vision tower and projector) as
-  // unused. ConfigError for a hidden layer outside [0, num_hidden_layers].
+  // unused; with options.hidden_layers the layers after the cut (and the
+  // final norm when the cut skips it) are optional too, as that load never
+  // reads them. ConfigError for a hidden layer outside [0, num_hidden_layers].
   static ModelTable table_for(const DecoderConfig& config, const ModelOptions& options = {});
 
   // Mistral3: picks the layout from the checkpoint's tensor names. Then

@@ -16,6 +16,7 @@
 #include "memory/offload_plan.h"
 #include "models/model_config.h"
 #include "runtime/error.h"
+#include "runtime/memory_release.h"
 #include "runtime/user_pattern.h"
 
 namespace tprun::models {
@@ -69,6 +70,15 @@ std::string module_of(const std::string& tensor) {
 
 bool castable_kind(TensorKind k) {
   return k == TensorKind::Linear || k == TensorKind::Conv || k == TensorKind::Embedding;
+}
+
+// A tensor of a layer layerwise casting stores: a Linear, Conv or Embedding
+// weight, or the bias of one (diffusers casts the module).
+bool cast_layer(const ModelTable& table, const TensorSpec& spec) {
+  if (castable_kind(spec.kind)) return true;
+  if (spec.kind != TensorKind::Bias) return false;
+  const TensorSpec* w = table.find(module_of(spec.name) + ".weight");
+  return w && castable_kind(w->kind);
 }
 
 }  // namespace
@@ -319,25 +329,20 @@ parallel::Weight ModelBuilder::load(const TensorSpec& spec) {
     return parallel::Weight(spec.name, parallel::offloaded_storage(placed->group, placed->index, target()));
   }
   const auto request = table_->request(spec.name, tp_.rank, tp_.size);
-  at::Tensor t = spec.dtype.empty() ? loader_->load(spec.name, request)
-                                    : loader_->load_as(spec.name, request, spec.dtype);
+  at::Tensor t;
   std::shared_ptr<parallel::WeightStorage> storage;
-  if (casting_ && spec.dtype.empty() && t.scalar_type() == casting_->compute) {
-    const std::string module = module_of(spec.name);
-    bool layer = castable_kind(spec.kind);
-    if (!layer && spec.kind == TensorKind::Bias) {  // the bias of a Linear / Conv (diffusers casts the module)
-      const TensorSpec* w = table_->find(module + ".weight");
-      layer = w && castable_kind(w->kind);
-    }
-    if (layer && !skipped(module, casting_->skip)) {
-      // This slice alone, as it arrives: the full-precision copy is dropped here.
-      at::Tensor stored = t.to(casting_->storage);
-      cast_compute_bytes_ += static_cast<uint64_t>(t.nbytes());
-      t = stored;
-      cast_storage_bytes_ += static_cast<uint64_t>(stored.nbytes());
-      ++cast_tensors_;
-      if (!placed) storage = parallel::layerwise_cast_storage(stored, casting_->compute);
-    }
+  // Layers that keep a dtype of their own (fp32) are never cast; the others
+  // load in the compute dtype, which layerwise casting up-casts to per use.
+  if (casting_ && spec.dtype.empty() && cast_layer(*table_, spec) && !skipped(module_of(spec.name), casting_->skip)) {
+    // This slice alone, cast as it is read: the loader converts it in its
+    // reused staging buffer, so no full-precision copy is ever allocated.
+    t = loader_->load_cast(spec.name, request, casting_->storage);
+    cast_compute_bytes_ += static_cast<uint64_t>(t.numel()) * c10::elementSize(casting_->compute);
+    cast_storage_bytes_ += static_cast<uint64_t>(t.nbytes());
+    ++cast_tensors_;
+    if (!placed) storage = parallel::layerwise_cast_storage(t, casting_->compute);
+  } else {
+    t = spec.dtype.empty() ? loader_->load(spec.name, request) : loader_->load_as(spec.name, request, spec.dtype);
   }
   if (placed) {
     bytes_offloaded_ += static_cast<uint64_t>(t.nbytes());
@@ -479,6 +484,12 @@ BuiltModel build_model(const std::string& cls, checkpoint::WeightSource& source,
   }
   built.bytes_read = loader.bytes_read() - before;
   built.bytes_stored = b.bytes_stored();
+  // What the load allocated and freed (a slice's copy in another dtype than
+  // the one it is kept in, caches of the copies to the device) goes back to
+  // the system now: the heap's free pages would otherwise stay in this
+  // process's RSS for the rest of the run.
+  const uint64_t released = release_free_memory();
+  if (released > 0) spdlog::debug("{}: {} bytes of freed load buffers returned to the system", cls, released);
   if (!options.layerwise_storage.empty()) {
     spdlog::info("{}: {} tensors (Linear / Conv / Embedding weights and biases) stored in {}: {} -> {} bytes; "
                  "resident weights {} bytes this rank",

@@ -32,6 +32,21 @@ void PipelineRuntime::init(const std::string& pipeline_folder, const parallel::T
   dtype = checkpoint::parse_compute_dtype(options.dtype, "dtype");
   device = c10::Device(options.device);
   tp = group;
+  denoiser = options.denoiser;
+  if (!options.denoiser && !options.text_encoders) {
+    throw ConfigError(fmt::format("{}: a pipeline loaded with neither its text encoders nor its denoiser "
+                                  "(transformer and VAE) would load nothing; turn one of them on",
+                                  pipeline_folder),
+                      true);
+  }
+}
+
+void PipelineRuntime::need_denoiser(const char* call) const {
+  if (denoiser) return;
+  throw Error(Error::Kind::Internal,
+              fmt::format("{}: {} needs the transformer and the VAE, but this pipeline was loaded without them "
+                          "(the text encoders only, for the encode phase of a staged job)",
+                          folder, call));
 }
 
 void check_packed_channels(int64_t in_channels, const std::string& transformer_config, int64_t latent_channels,
@@ -84,6 +99,27 @@ at::Tensor batch_latents(const std::vector<GenerationRequest>& prepared, const P
     per_request.push_back(q.has_given("latents") ? q.given->at("latents").to(rt.device, rt.dtype) : draw(q));
   }
   return stack_batch(per_request, "latents");
+}
+
+std::string prompt_key(const std::string& text, int64_t max_sequence_length) {
+  return fmt::format("{}\n{}", max_sequence_length, text);
+}
+
+TextEncode text_encode(const std::string& field, const std::string& text, int64_t max_sequence_length,
+                       std::vector<std::pair<std::string, std::string>> gives) {
+  TextEncode e;
+  e.field = field;
+  e.text = text;
+  e.max_sequence_length = max_sequence_length;
+  e.key = prompt_key(text, max_sequence_length);
+  e.gives = std::move(gives);
+  return e;
+}
+
+models::TensorMap embeddings_on_cpu(const models::TensorMap& embeddings) {
+  models::TensorMap out;
+  for (const auto& [name, t] : embeddings) out[name] = t.cpu().contiguous();
+  return out;
 }
 
 }  // namespace tprun::pipelines

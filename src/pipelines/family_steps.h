@@ -9,6 +9,7 @@
 //   check_steps_and_guidance / check_max_sequence_length   request checks
 //   check_batch_fits         the memory estimate of a batch (request_memory.h)
 //   batch_latents            each request's given or seeded latents, stacked
+//   prompt_key / text_encode / embeddings_on_cpu   the staged phases' encodes
 // What differs per family (its text encoders, its latents' layout, its
 // transformer's inputs) stays in the family's own file.
 
@@ -16,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <c10/core/Device.h>
@@ -53,9 +55,15 @@ struct PipelineRuntime {
   parallel::TpContext tp;
   uint64_t bytes = 0;  // weight bytes loaded on this rank
   std::shared_ptr<PromptCache> cache = std::make_shared<PromptCache>();
+  bool denoiser = true;  // the transformer and the VAE are loaded (PipelineOptions::denoiser)
 
-  // Folder, dtype (ConfigError for an unknown one), device and TP group of a load.
+  // Folder, dtype (ConfigError for an unknown one), device and TP group of a
+  // load; ConfigError when the options load neither the text encoders nor
+  // the denoiser (nothing would be loaded).
   void init(const std::string& folder, const parallel::TpContext& tp, const PipelineOptions& options);
+  // Internal error naming `call` when the denoiser was not loaded: only the
+  // encode phase of a staged job runs on such a pipeline.
+  void need_denoiser(const char* call) const;
 };
 
 // CheckpointError (naming both files) unless the transformer's in_channels
@@ -88,5 +96,19 @@ using LatentDraw = std::function<at::Tensor(const GenerationRequest& request)>;
 // `draw`n from its seed, stacked into the batch (stack_batch).
 at::Tensor batch_latents(const std::vector<GenerationRequest>& prepared, const PipelineRuntime& rt,
                          const LatentDraw& draw);
+
+// The key of a prompt's embeddings, in the embeddings cache and in a
+// TextEncode: max_sequence_length and the text, not the role, so a negative
+// prompt "" and a prompt "" share one encode.
+std::string prompt_key(const std::string& text, int64_t max_sequence_length);
+
+// One encode a request needs: `field` ("prompt" | "negative_prompt") with its
+// text, keyed by prompt_key, and the (encode_text name, given name) pairs.
+TextEncode text_encode(const std::string& field, const std::string& text, int64_t max_sequence_length,
+                       std::vector<std::pair<std::string, std::string>> gives);
+
+// encode_text's result from encode_prompt's: every tensor on the CPU and
+// contiguous, its dtype kept (the values are copied exactly).
+models::TensorMap embeddings_on_cpu(const models::TensorMap& embeddings);
 
 }  // namespace tprun::pipelines

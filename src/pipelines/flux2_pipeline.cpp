@@ -158,11 +158,12 @@ void validate_flux2_tp(const Flux2Configs& c, const std::vector<int64_t>& layers
 }
 
 // The weights: the transformer over the TP group, the text encoder over it
-// too unless `shard_text` is off, the VAE's decoder where it decodes.
+// too unless `shard_text` is off, the VAE's decoder where it decodes; the
+// transformer and the VAE only with options.denoiser.
 void load_flux2_components(const checkpoint::PipelineFolder& pf, const Flux2Configs& c,
                            const std::vector<int64_t>& layers, bool shard_text, const PipelineOptions& options,
                            Flux2Pipeline::Impl& m) {
-  {
+  if (options.denoiser) {
     auto source = checkpoint::open_weight_source(need_component(pf, "transformer").path, options.variant);
     models::ModelOptions o = component_options(options, "transformer");
     o.shard_modulation = options.shard_modulation;
@@ -177,7 +178,7 @@ void load_flux2_components(const checkpoint::PipelineFolder& pf, const Flux2Conf
     m.text_encoder = models::DecoderTextEncoder::load(*source, c.text_encoder, c.text_encoder_path, etp, o);
     m.bytes += m.text_encoder->bytes_loaded();
   }
-  m.vae = load_vae_decoder(need_component(pf, "vae"), c.vae, c.vae_path, options, m);
+  if (options.denoiser) m.vae = load_vae_decoder(need_component(pf, "vae"), c.vae, c.vae_path, options, m);
 }
 
 }  // namespace
@@ -265,7 +266,7 @@ void Flux2Pipeline::check_request(const GenerationRequest& request) const {
 models::TensorMap Flux2Pipeline::encode_prompt(const std::string& prompt, int64_t max_sequence_length) const {
   const Impl& m = *impl_;
   if (!m.text_encoder) throw RequestError(fmt::format("{} was loaded without its text encoder", m.folder), true);
-  const std::string key = fmt::format("{}\n{}", max_sequence_length, prompt);
+  const std::string key = prompt_key(prompt, max_sequence_length);
   if (auto hit = m.cache->get(key)) return *hit;
   text::decode_utf8(prompt, "prompt");  // offsets of bad bytes in the user's prompt, not in the templated text
   const text::TokenizerOutput tokens =
@@ -278,6 +279,40 @@ models::TensorMap Flux2Pipeline::encode_prompt(const std::string& prompt, int64_
   note_tokens_cut(out, "tokens_cut", tokens.untruncated_length, max_sequence_length);
   m.cache->put(key, out);
   return out;
+}
+
+std::vector<TextEncode> Flux2Pipeline::text_encodes(const GenerationRequest& request) const {
+  const GenerationRequest r = with_defaults(request);
+  std::vector<TextEncode> out;
+  if (!r.has_given("prompt_embeds")) {
+    out.push_back(text_encode("prompt", r.prompt, *r.max_sequence_length, {{"prompt_embeds", "prompt_embeds"}}));
+  }
+  // klein's negative prompt is "" unless the request gives one; dev has none.
+  if (true_cfg(*r.guidance) && !r.has_given("negative_prompt_embeds")) {
+    out.push_back(text_encode("negative_prompt", r.negative_prompt.value_or(""), *r.max_sequence_length,
+                              {{"prompt_embeds", "negative_prompt_embeds"}}));
+  }
+  return out;
+}
+
+models::TensorMap Flux2Pipeline::encode_text(const TextEncode& encode) const {
+  return embeddings_on_cpu(encode_prompt(encode.text, encode.max_sequence_length));
+}
+
+namespace {
+
+// The pipelines' truncation warning for the text `field` of `q` (defaults applied) from its embeddings.
+void warn_flux2_truncation(const Flux2Pipeline::Impl& m, const GenerationRequest& q, const char* field,
+                           int64_t max_sequence_length, const models::TensorMap& e) {
+  warn_truncated(q, field, fmt::format("`max_sequence_length` is set to {} tokens", max_sequence_length),
+                 tokens_cut(e, "tokens_cut"), m.tp.rank == 0);
+}
+
+}  // namespace
+
+void Flux2Pipeline::warn_truncation(const GenerationRequest& request, const TextEncode& encode,
+                                    const models::TensorMap& embeddings) const {
+  warn_flux2_truncation(*impl_, with_defaults(request), encode.field.c_str(), encode.max_sequence_length, embeddings);
 }
 
 namespace {
@@ -295,8 +330,7 @@ Flux2Prompts encode_batch(const Flux2Pipeline& pipeline, const Flux2Pipeline::Im
     auto given_or_encoded = [&](const char* name, const char* field, const std::string& text) {
       if (q.has_given(name)) return q.given->at(name).to(m.device, m.dtype);
       const models::TensorMap e = pipeline.encode_prompt(text, *q.max_sequence_length);
-      warn_truncated(q, field, fmt::format("`max_sequence_length` is set to {} tokens", *q.max_sequence_length),
-                     tokens_cut(e, "tokens_cut"), m.tp.rank == 0);
+      warn_flux2_truncation(m, q, field, *q.max_sequence_length, e);
       return e.at("prompt_embeds");
     };
     embeds.push_back(given_or_encoded("prompt_embeds", "prompt", q.prompt));
@@ -352,6 +386,7 @@ LatentDecoder flux2_decoder(const Flux2Pipeline::Impl& m, int64_t h, int64_t w) 
 
 std::vector<GenerationResult> Flux2Pipeline::generate_batch(const std::vector<GenerationRequest>& requests,
                                                             const StepCallback& on_step) const try {
+  impl_->need_denoiser("generate_batch");
   if (requests.empty()) return {};
   const std::vector<GenerationRequest> rs = prepare_batch(*this, requests);
   const GenerationRequest& r = rs.front();
@@ -399,7 +434,9 @@ bool Flux2Pipeline::decodes() const { return impl_->vae != nullptr; }
 const std::string& Flux2Pipeline::folder() const { return impl_->folder; }
 const std::string& Flux2Pipeline::dtype() const { return impl_->dtype_name; }
 uint64_t Flux2Pipeline::bytes_loaded() const { return impl_->bytes; }
-int64_t Flux2Pipeline::transformer_all_reduces() const { return impl_->transformer->all_reduces_per_forward(); }
+int64_t Flux2Pipeline::transformer_all_reduces() const {
+  return impl_->transformer ? impl_->transformer->all_reduces_per_forward() : 0;
+}
 PromptCacheStats Flux2Pipeline::prompt_cache_stats() const { return impl_->cache->stats(); }
 
 TPRUN_REGISTER_PIPELINE(Flux2Pipeline);

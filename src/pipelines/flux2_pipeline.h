@@ -52,6 +52,8 @@ class Flux2Pipeline final : public Pipeline {
   // channels, the text encoder has the layers the pipeline stacks, the
   // tokenizer and its chat template are ones tprun knows), validates the TP
   // plans, then loads. Errors name the folder, component and field.
+  // options.denoiser false: every config is read and checked alike, the
+  // transformer and the VAE are not loaded (the encode phase of a staged job).
   static std::unique_ptr<Flux2Pipeline> load(const std::string& folder, const parallel::TpContext& tp,
                                              const PipelineOptions& options = {});
 
@@ -74,6 +76,14 @@ class Flux2Pipeline final : public Pipeline {
   uint64_t bytes_loaded() const override;
   int64_t transformer_all_reduces() const override;
   PromptCacheStats prompt_cache_stats() const override;
+
+  // Staged phases: the prompt's encode gives prompt_embeds; klein's negative
+  // prompt's (true CFG; "" unless given) gives negative_prompt_embeds; dev
+  // has none. encode_text's map holds encode_prompt's tensors on the CPU.
+  std::vector<TextEncode> text_encodes(const GenerationRequest& request) const override;
+  models::TensorMap encode_text(const TextEncode& encode) const override;
+  void warn_truncation(const GenerationRequest& request, const TextEncode& encode,
+                       const models::TensorMap& embeddings) const override;
 
   // {"prompt_embeds" [1, max_sequence_length, 3 * hidden]} as the pipeline's
   // encode_prompt returns it (through the cache).

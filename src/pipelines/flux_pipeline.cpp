@@ -33,6 +33,7 @@ using Clock = std::chrono::steady_clock;
 
 struct FluxPipeline::Impl : PipelineRuntime {
   FlowMatchSchedulerConfig scheduler;
+  models::FluxConfig flux;  // the transformer's config, read whether or not it is loaded
   std::unique_ptr<models::FluxTransformer> transformer;
   std::unique_ptr<models::ClipTextModel> clip;
   std::unique_ptr<models::T5Encoder> t5;
@@ -84,6 +85,7 @@ FluxConfigs read_flux_configs(const checkpoint::PipelineFolder& pf, const Pipeli
   c.transformer = component_config(pf, "transformer", &c.transformer_path);
   c.vae = component_config(pf, "vae", &c.vae_path);
   c.flux = models::FluxConfig::from_json(c.transformer, c.transformer_path);
+  m.flux = c.flux;
   const auto vcfg = models::VaeConfig::from_json(c.vae, c.vae_path);
   m.vae_scale_factor = vcfg.scale_factor();
   check_vae_tiles(options.component_base.memory, vcfg.scale_factor(), vcfg.sample_size, c.vae_path);
@@ -117,14 +119,19 @@ void read_text_encoder_configs(const checkpoint::PipelineFolder& pf, FluxConfigs
 
 // The weights: the transformer over the TP group, CLIP replicated, T5
 // replicated unless shard_text_encoders, the VAE's decoder where it decodes.
+// Without the denoiser, the transformer's TP plan is still checked (from its
+// config) so the encode phase of a staged job fails as the full load would.
 void load_flux_components(const checkpoint::PipelineFolder& pf, const FluxConfigs& c, const PipelineOptions& options,
                           FluxPipeline::Impl& m) {
-  {
+  models::ModelOptions transformer_options = component_options(options, "transformer");
+  transformer_options.shard_modulation = options.shard_modulation;
+  if (options.denoiser) {
     auto source = checkpoint::open_weight_source(need_component(pf, "transformer").path, options.variant);
-    models::ModelOptions o = component_options(options, "transformer");
-    o.shard_modulation = options.shard_modulation;
-    m.transformer = models::FluxTransformer::load(*source, c.transformer, c.transformer_path, m.tp, o);
+    m.transformer = models::FluxTransformer::load(*source, c.transformer, c.transformer_path, m.tp, transformer_options);
     m.bytes += m.transformer->bytes_loaded();
+  } else {
+    models::validate_tp_size(models::FluxTransformer::table_for(c.flux, transformer_options), m.tp.size,
+                             c.transformer_path);
   }
   if (options.text_encoders) {
     {
@@ -141,7 +148,7 @@ void load_flux_components(const checkpoint::PipelineFolder& pf, const FluxConfig
       m.bytes += m.t5->bytes_loaded();
     }
   }
-  m.vae = load_vae_decoder(need_component(pf, "vae"), c.vae, c.vae_path, options, m);
+  if (options.denoiser) m.vae = load_vae_decoder(need_component(pf, "vae"), c.vae, c.vae_path, options, m);
 }
 
 }  // namespace
@@ -188,7 +195,7 @@ void FluxPipeline::check_request(const GenerationRequest& request) const {
   check_steps_and_guidance(r);
   if (!std::isfinite(*r.true_cfg_scale)) throw RequestError("true_cfg_scale must be a finite number", true);
   check_max_sequence_length(r, kClass, 512);
-  const auto& c = m.transformer->config();
+  const models::FluxConfig& c = m.flux;
   const bool embeds = r.has_given("prompt_embeds");
   if (embeds != r.has_given("pooled_prompt_embeds")) {
     throw RequestError("prompt_embeds and pooled_prompt_embeds must be given together", true);
@@ -225,7 +232,7 @@ void FluxPipeline::check_request(const GenerationRequest& request) const {
 models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t max_sequence_length) const {
   const Impl& m = *impl_;
   if (!m.clip || !m.t5) throw RequestError(fmt::format("{} was loaded without text encoders", m.folder), true);
-  const std::string key = fmt::format("{}\n{}", max_sequence_length, prompt);
+  const std::string key = prompt_key(prompt, max_sequence_length);
   if (auto hit = m.cache->get(key)) return *hit;
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   const text::TokenizerOutput clip_tokens = m.tokenizer->encode(prompt, m.tokenizer->model_max_length());
@@ -244,6 +251,56 @@ models::TensorMap FluxPipeline::encode_prompt(const std::string& prompt, int64_t
   return out;
 }
 
+std::vector<TextEncode> FluxPipeline::text_encodes(const GenerationRequest& request) const {
+  const GenerationRequest r = with_defaults(request);
+  std::vector<TextEncode> out;
+  if (!r.has_given("prompt_embeds")) {
+    out.push_back(text_encode("prompt", r.prompt, *r.max_sequence_length,
+                              {{"prompt_embeds", "prompt_embeds"}, {"pooled_prompt_embeds", "pooled_prompt_embeds"}}));
+  }
+  if (do_true_cfg(r) && !r.has_given("negative_prompt_embeds")) {
+    out.push_back(text_encode("negative_prompt", r.negative_prompt.value_or(""), *r.max_sequence_length,
+                              {{"prompt_embeds", "negative_prompt_embeds"},
+                               {"pooled_prompt_embeds", "negative_pooled_prompt_embeds"}}));
+  }
+  return out;
+}
+
+models::TensorMap FluxPipeline::encode_text(const TextEncode& encode) const {
+  models::TensorMap out = embeddings_on_cpu(encode_prompt(encode.text, encode.max_sequence_length));
+  // The CLIP limit its truncation warning names, for a pipeline without the tokenizer.
+  if (out.count("clip_tokens_cut")) {
+    out["clip_max_length"] = at::scalar_tensor(impl_->tokenizer->model_max_length(), at::kLong);
+  }
+  return out;
+}
+
+namespace {
+
+// As FluxPipeline._get_t5_prompt_embeds / _get_clip_prompt_embeds warn, for
+// the text `field` of `q` (defaults applied) from its embeddings: encode_prompt's
+// (CLIP's limit from the tokenizer) or encode_text's (the limit carried along).
+void warn_flux_truncation(const FluxPipeline::Impl& m, const GenerationRequest& q, const char* field,
+                          int64_t max_sequence_length, const models::TensorMap& e) {
+  const bool leader = m.tp.rank == 0;
+  warn_truncated(q, field, fmt::format("`max_sequence_length` is set to {} tokens", max_sequence_length),
+                 tokens_cut(e, "t5_tokens_cut"), leader);
+  const int64_t clip_cut = tokens_cut(e, "clip_tokens_cut");
+  if (clip_cut <= 0) return;
+  const auto carried = e.find("clip_max_length");
+  const int64_t clip_max = carried != e.end() ? carried->second.item<int64_t>()
+                           : m.tokenizer      ? m.tokenizer->model_max_length()
+                                              : 0;
+  warn_truncated(q, field, fmt::format("CLIP can only handle sequences up to {} tokens", clip_max), clip_cut, leader);
+}
+
+}  // namespace
+
+void FluxPipeline::warn_truncation(const GenerationRequest& request, const TextEncode& encode,
+                                   const models::TensorMap& embeddings) const {
+  warn_flux_truncation(*impl_, with_defaults(request), encode.field.c_str(), encode.max_sequence_length, embeddings);
+}
+
 namespace {
 
 // The batch's prompt embeddings, each prompt encoded alone (as generate()
@@ -256,15 +313,6 @@ struct FluxPrompts {
 FluxPrompts encode_batch(const FluxPipeline& pipeline, const FluxPipeline::Impl& m,
                          const std::vector<GenerationRequest>& rs, bool true_cfg) {
   std::vector<at::Tensor> embeds, pooled, negative_embeds, negative_pooled;
-  // As FluxPipeline._get_t5_prompt_embeds / _get_clip_prompt_embeds warn.
-  auto warn_encoded = [&](const GenerationRequest& q, const char* field, const models::TensorMap& e) {
-    const bool leader = m.tp.rank == 0;
-    warn_truncated(q, field, fmt::format("`max_sequence_length` is set to {} tokens", *q.max_sequence_length),
-                   tokens_cut(e, "t5_tokens_cut"), leader);
-    const int64_t clip_max = m.tokenizer->model_max_length();
-    warn_truncated(q, field, fmt::format("CLIP can only handle sequences up to {} tokens", clip_max),
-                   tokens_cut(e, "clip_tokens_cut"), leader);
-  };
   // The pair (embeds, pooled) of one prompt: given under `names`, else encoded from `text`.
   auto add = [&](const GenerationRequest& q, const char* embeds_name, const char* pooled_name, const char* field,
                  const std::string& text, std::vector<at::Tensor>& to_embeds, std::vector<at::Tensor>& to_pooled) {
@@ -274,7 +322,7 @@ FluxPrompts encode_batch(const FluxPipeline& pipeline, const FluxPipeline::Impl&
       return;
     }
     const models::TensorMap e = pipeline.encode_prompt(text, *q.max_sequence_length);
-    warn_encoded(q, field, e);
+    warn_flux_truncation(m, q, field, *q.max_sequence_length, e);
     to_embeds.push_back(e.at("prompt_embeds"));
     to_pooled.push_back(e.at("pooled_prompt_embeds"));
   };
@@ -337,6 +385,7 @@ LatentDecoder flux_decoder(const FluxPipeline::Impl& m, int64_t height, int64_t 
 
 std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<GenerationRequest>& requests,
                                                            const StepCallback& on_step) const try {
+  impl_->need_denoiser("generate_batch");
   if (requests.empty()) return {};
   const std::vector<GenerationRequest> rs = prepare_batch(*this, requests);
   const GenerationRequest& r = rs.front();
@@ -381,14 +430,16 @@ std::vector<GenerationResult> FluxPipeline::generate_batch(const std::vector<Gen
 
 int64_t FluxPipeline::vae_scale_factor() const { return impl_->vae_scale_factor; }
 std::vector<int64_t> FluxPipeline::latent_shape(int64_t height, int64_t width) const {
-  return {image_seq_len(height, width, impl_->vae_scale_factor), impl_->transformer->config().in_channels};
+  return {image_seq_len(height, width, impl_->vae_scale_factor), impl_->flux.in_channels};
 }
-bool FluxPipeline::has_guidance_embeds() const { return impl_->transformer->config().guidance; }
+bool FluxPipeline::has_guidance_embeds() const { return impl_->flux.guidance; }
 bool FluxPipeline::decodes() const { return impl_->vae != nullptr; }
 const std::string& FluxPipeline::folder() const { return impl_->folder; }
 const std::string& FluxPipeline::dtype() const { return impl_->dtype_name; }
 uint64_t FluxPipeline::bytes_loaded() const { return impl_->bytes; }
-int64_t FluxPipeline::transformer_all_reduces() const { return impl_->transformer->all_reduces_per_forward(); }
+int64_t FluxPipeline::transformer_all_reduces() const {
+  return impl_->transformer ? impl_->transformer->all_reduces_per_forward() : 0;
+}
 PromptCacheStats FluxPipeline::prompt_cache_stats() const { return impl_->cache->stats(); }
 
 TPRUN_REGISTER_PIPELINE(FluxPipeline);

@@ -49,7 +49,9 @@ class FluxPipeline final : public Pipeline {
   // configs, checks the components fit together (joint_attention_dim vs T5
   // d_model, pooled_projection_dim vs CLIP hidden size, in_channels vs the
   // VAE's latent channels), validates the transformer's TP plan, then loads.
-  // Errors name the folder, component and field.
+  // Errors name the folder, component and field. options.denoiser false:
+  // every config is read and checked alike, the transformer and the VAE are
+  // not loaded (the encode phase of a staged job).
   static std::unique_ptr<FluxPipeline> load(const std::string& folder, const parallel::TpContext& tp,
                                             const PipelineOptions& options = {});
 
@@ -77,6 +79,17 @@ class FluxPipeline final : public Pipeline {
   uint64_t bytes_loaded() const override;
   int64_t transformer_all_reduces() const override;
   PromptCacheStats prompt_cache_stats() const override;
+
+  // Staged phases: the prompt's encode gives prompt_embeds and
+  // pooled_prompt_embeds; the negative prompt's (true CFG) gives
+  // negative_prompt_embeds and negative_pooled_prompt_embeds. encode_text's
+  // map holds encode_prompt's tensors on the CPU, and "clip_max_length" next
+  // to "clip_tokens_cut" (the CLIP line of warn_truncation, for a pipeline
+  // loaded without the tokenizer).
+  std::vector<TextEncode> text_encodes(const GenerationRequest& request) const override;
+  models::TensorMap encode_text(const TextEncode& encode) const override;
+  void warn_truncation(const GenerationRequest& request, const TextEncode& encode,
+                       const models::TensorMap& embeddings) const override;
 
   // The prompt embeddings as FluxPipeline.encode_prompt returns them:
   // {"prompt_embeds" [1, S, joint], "pooled_prompt_embeds" [1, pooled]},

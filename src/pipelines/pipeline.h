@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/model.h"
@@ -36,6 +37,11 @@ struct PipelineOptions {
   std::optional<bool> shard_text_encoders;
   bool shard_modulation = false;      // the transformer's AdaLN modulations rowwise_split_input
   bool text_encoders = true;          // false: requests must give prompt embeddings
+  // false: the transformer and the VAE are not loaded (their configs are
+  // still read and checked): the encode phase of a staged job, where only
+  // with_defaults, check_request, batch_key, cost, latent_shape, text_encodes
+  // and encode_text are called; generate_batch is an internal error.
+  bool denoiser = true;
   bool decode_on_every_rank = false;  // default: TP rank 0 only loads the VAE and decodes
   // What every component's load starts from: its `memory` field holds the
   // [memory] / --memory settings; the pipeline adds dtype, device and each
@@ -66,6 +72,21 @@ struct GenerationResult {
   int64_t batch_size = 1;  // images generated together with this one
   std::string error;       // generate_batch: why this image failed (NaN/Inf latents); "" = ok
   bool decoded() const { return !rgb.empty(); }
+};
+
+// Staged phases (docs/jobs.md "Staged phases"): one text a request needs
+// encoded, and the tensors its embeddings become in the request's `given`.
+struct TextEncode {
+  std::string field;  // "prompt" | "negative_prompt": the request field, for messages
+  std::string text;
+  int64_t max_sequence_length = 0;
+  // Everything the embeddings depend on besides the model's weights and the
+  // run's settings (text, max_sequence_length, ...): equal keys give equal
+  // embeddings, so one encode serves every request with that key.
+  std::string key;
+  // (name in encode_text's map, name in GenerationRequest::given), e.g.
+  // ("prompt_embeds", "negative_prompt_embeds") for a negative prompt.
+  std::vector<std::pair<std::string, std::string>> gives;
 };
 
 // Called after each denoising step (step index, steps, seconds of that step).
@@ -104,6 +125,21 @@ class Pipeline {
   virtual int64_t transformer_all_reduces() const = 0;
   // Prompt encodes run and saved by the embeddings cache on this rank.
   virtual PromptCacheStats prompt_cache_stats() const = 0;
+
+  // Staged phases. The encodes a checked request needs that it does not
+  // already give as tensors: its prompt, and its negative prompt where true
+  // CFG runs; in the order generate_batch would encode them. Pure.
+  virtual std::vector<TextEncode> text_encodes(const GenerationRequest& request) const = 0;
+  // One encode's embeddings, on the CPU in the compute dtype, exactly as
+  // generate_batch computes them (so given back through `gives` they make
+  // the same image bytes), plus the pipeline's truncation counts (entries
+  // not named in `gives`). Collective over the TP group where the text
+  // encoders are sharded: every rank of the group calls it alike.
+  virtual models::TensorMap encode_text(const TextEncode& encode) const = 0;
+  // diffusers' truncation warnings for `request` from an encode_text result
+  // (logged by TP rank 0 only), as generate_batch logs them.
+  virtual void warn_truncation(const GenerationRequest& request, const TextEncode& encode,
+                               const models::TensorMap& embeddings) const = 0;
 };
 
 // The ids a pipeline folder's tokenizers give a prompt, exactly as the

@@ -1,0 +1,291 @@
+// The replica loop of `tprun run` (staged rounds: the encode phase, then
+// the units), each unit's outputs and records, and the results. See job_run.h.
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "dist/communicator.h"
+#include "dist/session.h"
+#include "jobs/job_run.h"
+#include "jobs/staged_phases.h"
+#include "pipelines/png_image.h"
+#include "runtime/error.h"
+
+namespace tprun::jobs {
+namespace fs = std::filesystem;
+
+// A staged round's encode phase: the texts its requests need that the
+// embedding cache lacks are encoded (the text encoders loaded for it), then
+// the transformer and VAE are loaded in their place. False: stopped.
+bool JobRun::encode_phase(const std::vector<Unit>& round) {
+  int64_t reused = 0;
+  const std::vector<PendingText> pending = pending_texts(*pipe_, round, *embeddings_, reused);
+  texts_reused_ += reused;
+  int64_t requests = 0;
+  for (const Unit& u : round) requests += static_cast<int64_t>(u.size());
+  round_encode_s_ = 0;
+  if (!pending.empty()) {
+    if (!encoders_loaded_) load_pipeline(true);
+    const EncodeRound er = encode_texts(*pipe_, pending, mesh_->dp_rank(), *embeddings_, *mesh_, [&] {
+      drain();
+      return agree_stop();
+    });
+    texts_encoded_ += er.encoded;
+    encode_failed_.insert(er.failed.begin(), er.failed.end());
+    round_encode_s_ = requests > 0 ? er.seconds / static_cast<double>(requests) : 0;
+    if (mesh_->tp_rank() == 0) {
+      spdlog::info("replica {}: {} text(s) encoded in {:.2f} s, {} reused from {}", mesh_->dp_rank(), er.encoded,
+                   er.seconds, reused, embeddings_->folder());
+    }
+    if (er.stopped) {
+      if (rank_ == 0) spdlog::info("stopping in the encode phase; what was encoded is kept for the rerun");
+      return false;
+    }
+  }
+  if (encoders_loaded_) load_pipeline(false);
+  return true;
+}
+
+std::vector<std::pair<std::string, std::string>> JobRun::png_text(const JobRequest& r) const {
+  auto t = pipelines::generation_text(r.gen, plan_.manifest.model, plan_.manifest.dtype);
+  t.insert(t.begin() + 1, {"id", r.id});
+  return t;
+}
+
+void JobRun::write_record(const ResultRecord& r) {
+  log_->append(r);
+  ++recorded_;
+  stage_sums_[0] += r.encode_s;
+  stage_sums_[1] += r.denoise_s;
+  stage_sums_[2] += r.decode_s;
+  if (r.status != "done") {
+    ++failed_;
+    spdlog::warn("request {} failed: {}", r.id, r.error);
+  }
+  progress_->record(r.status == "done");
+}
+
+void JobRun::handle_message(Tag tag, const std::string& payload) {
+  if (tag == Tag::Record) {
+    write_record(ResultRecord::from_json(nlohmann::json::parse(payload)));
+    return;
+  }
+  ++finishes_;
+  if (payload == "interrupted") ++interrupted_replicas_;
+}
+
+// The replica's TP rank 0 writes one request's image (PNG) and store data. A
+// failure of the file system (disk full, quota, read-only) is an IoError
+// naming the path and the errno text: it ends the job, the log stays whole.
+void JobRun::write_outputs(const JobRequest& req, const pipelines::GenerationResult& res, ResultRecord& rec) {
+  const Manifest& m = plan_.manifest;
+  const auto td = Clock::now();
+  if (m.png) {
+    rec.path = "images/" + req.id + ".png";
+    const std::string path = (out_dir_ / rec.path).string();
+    // I/O failures (disk full, quota, EFBIG) come as IoError naming the path and the errno text.
+    pipelines::write_png(path, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
+                         png_text(req));
+  }
+  if (store_) {
+    try {
+      store_->write(req.id, res.rgb, *res.latents);
+    } catch (const CheckpointError& e) {
+      throw IoError(fmt::format("cannot write {} into the HDF5 store {}: {}", req.id, store_->path(), e.what()));
+    }
+    if (!m.png) {
+      rec.path = fs::relative(store_->path(), out_dir_).string() + ":" + (m.hdf5 ? "/images/" : "/latents/") + req.id;
+    }
+  }
+  rec.decode_s = res.times.decode_s + seconds_since(td);
+}
+
+// World rank 0 takes the records and finishes the replicas sent so far.
+void JobRun::drain() {
+  if (rank_ == 0) control_.poll([&](Tag tag, int, const std::string& p) { handle_message(tag, p); });
+}
+
+// One unit on this replica: generate, write the images (TP rank 0), and the
+// records to world rank 0. Staged: each request's embeddings come from the cache.
+void JobRun::run_unit(const Unit& unit) {
+  const bool leader = mesh_->tp_rank() == 0;
+  std::vector<ResultRecord> recs(unit.size());
+  std::vector<pipelines::GenerationRequest> gens;
+  std::vector<size_t> live;  // the unit's requests that run (staged: those whose texts were encoded)
+  for (size_t k = 0; k < unit.size(); ++k) {
+    const JobRequest& req = *unit[k];
+    ResultRecord& rec = recs[k];
+    rec.id = req.id;
+    rec.seed = req.gen.seed;
+    rec.height = req.gen.height.value_or(0);
+    rec.width = req.gen.width.value_or(0);
+    rec.steps = req.gen.steps.value_or(0);
+    rec.replica = mesh_->dp_rank();
+    rec.encode_s = staged_ ? round_encode_s_ : 0;
+    if (auto failed = encode_failed_.find(req.id); failed != encode_failed_.end()) {
+      rec.status = "failed";
+      rec.error = failed->second;
+      continue;
+    }
+    live.push_back(k);
+    gens.push_back(staged_ && runnable_.count(&req) ? with_embeddings(*pipe_, req.gen, *embeddings_) : req.gen);
+  }
+  const auto t0 = Clock::now();
+  if (!gens.empty()) try {
+    // A stop is agreed at every denoise step, not only between requests: a
+    // request can take longer than the launcher's grace before its SIGKILL.
+    auto results = pipe_->generate_batch(gens, [&](int64_t step, int64_t steps, double) {
+      drain();
+      if (!agree_stop()) return;
+      if (rank_ == 0) {
+        spdlog::info("stopping at step {} of {} of {}; it runs again on resume", step + 1, steps, unit.front()->id);
+      }
+      throw StopAgreed{};
+    });
+    for (size_t i = 0; i < live.size(); ++i) {
+      const JobRequest& req = *unit[live[i]];
+      const auto& res = results[i];
+      ResultRecord& rec = recs[live[i]];
+      rec.encode_s += res.times.encode_s;
+      rec.denoise_s = res.times.denoise_s();
+      if (!res.error.empty()) {
+        rec.status = "failed";
+        rec.error = res.error;
+        continue;
+      }
+      if (leader) write_outputs(req, res, rec);
+      rec.status = "done";
+    }
+  } catch (const StopAgreed&) {
+    compute_s_ += seconds_since(t0);
+    throw;
+  } catch (const RequestError& e) {
+    for (size_t k : live) {
+      recs[k].status = "failed";
+      recs[k].error = e.what();
+    }
+  }
+  compute_s_ += seconds_since(t0);
+  if (leader) {
+    for (const auto& rec : recs) {
+      if (rank_ == 0) {
+        write_record(rec);
+      } else {
+        control_.send_to_root(Tag::Record, rec.to_json().dump());
+      }
+    }
+  }
+  drain();
+}
+
+// Whether this replica stops now (SIGTERM / SIGINT on any of its ranks): an
+// AllReduce of the flag over the TP group (MPI, a few bytes), so that all its
+// ranks stop at the same point. World rank 0 writes the verdict at once.
+bool JobRun::agree_stop() {
+  at::Tensor stop = at::full({1}, stop_requested() ? 1 : 0, at::TensorOptions().dtype(at::kInt));
+  if (mesh_->tp_size() > 1) mesh_->tp().all_reduce(stop, {dist::ReduceOp::Max});
+  if (stop.item<int>() == 0) return false;
+  if (rank_ == 0) status_.interrupted();
+  return true;
+}
+
+// 6. Each replica runs its units in order; all TP ranks of a replica run the
+//    same unit. Before each unit the TP group agrees whether to stop
+//    (SIGTERM / SIGINT). World rank 0 takes every replica's records.
+void JobRun::replica_loop() {
+  const std::string& mode = options_.progress;
+  progress_ = std::make_unique<Progress>(static_cast<int64_t>(plan_.requests.size()), skipped_,
+                                         mode == "live" || (mode == "auto" && ::isatty(2)),
+                                         mode == "none" ? 1e18 : 10.0);
+  loop_start_ = Clock::now();
+  // Staged: rounds of schedule.stage_requests requests, each encoded before it runs.
+  const std::vector<std::vector<Unit>> rounds =
+      staged_ ? stage_rounds(mine_, plan_.manifest.stage_requests) : std::vector<std::vector<Unit>>{mine_};
+  for (const auto& round : rounds) {
+    if (staged_ && !encode_phase(round)) {
+      interrupted_ = true;
+      break;
+    }
+    for (const Unit& unit : round) {
+      if (agree_stop()) {
+        interrupted_ = true;
+        break;
+      }
+      try {
+        run_unit(unit);
+      } catch (const StopAgreed&) {
+        interrupted_ = true;
+        break;
+      }
+    }
+    if (interrupted_) break;
+  }
+  loop_s_ = seconds_since(loop_start_);
+  const bool leader = mesh_->tp_rank() == 0;
+  if (leader && rank_ != 0) control_.send_to_root(Tag::Finish, interrupted_ ? "interrupted" : "finished");
+  if (interrupted_) ++interrupted_replicas_;
+  control_.flush();
+  if (rank_ == 0) {
+    int expected = 0;
+    for (int r = 1; r < session_.world(); ++r) expected += mesh_->layout().coord(r).tp_index == 0 ? 1 : 0;
+    while (finishes_ < expected) control_.wait([&](Tag tag, int, const std::string& p) { handle_message(tag, p); });
+    progress_->finish();
+  }
+}
+
+// 7. The store closed (every dataset written is a `done` record), the summary,
+//    and one exit code for all ranks.
+int JobRun::results() {
+  if (store_) {
+    std::string done_json;
+    if (rank_ == 0) {
+      nlohmann::json done = nlohmann::json::array();
+      for (const auto& [id, rec] : log_->records()) {
+        if (rec.status == "done") done.push_back(id);
+      }
+      done_json = done.dump();
+    }
+    control_.broadcast(done_json);
+    std::set<std::string> written;
+    for (const auto& id : nlohmann::json::parse(done_json)) written.insert(id.get<std::string>());
+    const std::string path = store_->finish(written);
+    if (rank_ == 0) spdlog::info("HDF5 store: {}", path);
+  }
+  // Prompt encodes run and saved by the embeddings cache, summed over the
+  // replicas (their TP rank 0s: the other ranks of a group encode the same).
+  // Staged: the distinct texts encoded and those the on-disk cache held.
+  const auto cache = pipe_->prompt_cache_stats();
+  const bool leader = mesh_->tp_rank() == 0;
+  const int64_t run = staged_ ? texts_encoded_ : cache.misses, saved = staged_ ? texts_reused_ : cache.hits;
+  at::Tensor encodes = at::tensor({leader ? run : 0, leader ? saved : 0}, at::TensorOptions().dtype(at::kLong));
+  mesh_->world().all_reduce(encodes);
+  int64_t code = 0;
+  if (rank_ == 0) {
+    spdlog::info("prompt encodes: {} run, {} saved by the {}", encodes[0].item<int64_t>(), encodes[1].item<int64_t>(),
+                 staged_ ? "embedding cache of the output folder" : "embeddings cache");
+    const double wall = seconds_since(loop_start_);
+    const double total = stage_sums_[0] + stage_sums_[1] + stage_sums_[2];
+    const int64_t ran = recorded_;
+    auto share = [&](double x) { return total > 0 ? 100 * x / total : 0.0; };
+    spdlog::info("summary: {} run ({} failed) in {:.2f} s, {:.3f} img/s; stage shares encode {:.1f}% denoise {:.1f}% "
+                 "decode+write {:.1f}%; replica 0 runner overhead {:.2f}% ({:.3f} s of {:.3f} s)",
+                 ran, failed_, wall, wall > 0 ? static_cast<double>(ran) / wall : 0.0, share(stage_sums_[0]),
+                 share(stage_sums_[1]), share(stage_sums_[2]),
+                 loop_s_ > 0 ? 100 * (loop_s_ - compute_s_) / loop_s_ : 0.0, loop_s_ - compute_s_, loop_s_);
+    spdlog::info("results: {} | images: {}", log_->path(), images_.string());
+    if (interrupted_replicas_ > 0) {
+      spdlog::warn("interrupted: {} replica(s) stopped early; rerun the same command to resume (exit code {})",
+                   interrupted_replicas_, kExitInterrupted);
+      code = kExitInterrupted;
+    } else if (failed_ > 0) {
+      code = kExitSomeFailed;
+    }
+  }
+  control_.broadcast(code);
+  return static_cast<int>(code);
+}
+
+}  // namespace tprun::jobs
