@@ -48,8 +48,9 @@ std::string format_fit_plan(const pipelines::FitPlan& plan, const std::string& f
                      "margin of the check before each request (activations x 1.15 + 64 MiB)\n",
                      format_bytes(plan.rank_memory), plan.rank_memory_source, format_bytes(plan.overhead));
   if (plan.chosen) {
-    out += fmt::format("chosen: tp {} x dp {}, {}; schedule.phases = \"auto\" runs it {}\n", plan.chosen->tp,
-                       plan.chosen->dp, plan.chosen->stages, plan.auto_stages);
+    out += fmt::format("chosen: tp {} x dp {}, {} (the least memory); schedule.phases = \"auto\" runs it {}{}\n",
+                       plan.chosen->tp, plan.chosen->dp, plan.chosen->stages, plan.auto_stages,
+                       plan.auto_stages == "together" ? " (together fits)" : "");
   }
   return out;
 }

@@ -232,7 +232,18 @@ void JobRun::choose_phases() {
       const std::string device = session_.device().device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
       pipelines::FitQuery q = fit_query(m, plan_.requests, session_.world(), device);
       q.ranks_per_node = env && env->local_size > 0 ? env->local_size : session_.world();
-      const pipelines::FitPlan plan = pipelines::plan_fit(q);
+      pipelines::FitPlan plan;
+      try {
+        plan = pipelines::plan_fit(q);
+      } catch (const Error& e) {
+        if (m.tp == 0) throw;
+        // phases = "auto" with a fixed tp: the load checks the folder itself
+        // and names what is wrong; without a plan everything stays resident.
+        spdlog::warn("{}: the fit planner could not plan this job ({}); schedule.phases = \"auto\" runs it together",
+                     m.path, e.what());
+        choice = fmt::format("{} together", m.tp);
+        return;
+      }
       spdlog::info("the fit planner's table:\n{}", format_fit_plan(plan, m.model, q.world));
       int tp = m.tp;
       if (tp == 0) {
@@ -284,7 +295,7 @@ void JobRun::load_pipeline(bool encoders_only) {
   if (pipe_) {
     pipe_.reset();
     const uint64_t freed = release_free_memory();
-    spdlog::debug("freed the {} ({} returned to the system)", encoders_loaded_ ? "text encoders" : "denoiser",
+    spdlog::info("freed the {} ({} returned to the system)", encoders_loaded_ ? "text encoders" : "denoiser",
                   format_bytes(freed));
   }
   parallel::TpContext tp{mesh_->tp_rank(), mesh_->tp_size(), mesh_->tp_size() > 1 ? &mesh_->tp_device() : nullptr};

@@ -5,7 +5,10 @@
 //     that the model folder exists) and broadcasts the verdict: a bad input
 //     ends every rank with the same message before any model is loaded and
 //     before anything is written.
-//  2. The mesh: dp replicas x tp groups. The output folder must not be the
+//  2. The phases and the mesh: with parallel.tp = "auto" or schedule.phases =
+//     "auto", rank 0 asks the fit planner (jobs/job_fit.h; configs and
+//     headers only) for tp and for "together" or "staged", logs its table
+//     and broadcasts the choice. Then dp replicas x tp groups. The output folder must not be the
 //     model folder or inside it; one that exists is locked by rank 0 now
 //     (OutputLock: a second run on it is refused on every rank, naming the
 //     holder's pid and host) and its results.jsonl read.
@@ -27,7 +30,12 @@
 //     ties by id. Every rank computes the same assignment with no messages, no
 //     coordinator to wait on, and a makespan within 4/3 of optimal for these
 //     independent jobs.
-//  5. Each replica runs its requests in order; all TP ranks of a replica run
+//  5. Staged (jobs/staged_phases.h): the pipeline first holds only its text
+//     encoders; each round of schedule.stage_requests requests has its
+//     distinct texts encoded once into the output folder's embedding cache,
+//     then the encoders are freed (their memory returned) and the
+//     transformer and VAE run the round's units with the embeddings given.
+//     Each replica runs its requests in order; all TP ranks of a replica run
 //     the same request. A RequestError (bad size, prompt, NaN latents) is
 //     recorded `failed` and the batch goes on. The replica's TP rank 0 writes
 //     images/<id>.png (atomically) and sends its record to world rank 0,

@@ -191,7 +191,10 @@ RequestShape planned_shape(const PipelineLayout& l, const FitQuery& q) {
     try {
       check_image_size(h, w, l.vae_scale_factor);
     } catch (const RequestError& e) {
-      throw ConfigError(e.what(), true);
+      // The query's own size is a bad flag; a request's is that request's
+      // error (a job records it `failed` and runs the others): not planned for.
+      if (q.height > 0 || q.width > 0 || q.requests.empty()) throw ConfigError(e.what(), true);
+      continue;
     }
     if (h * w > s.height * s.width) {
       s.height = h;
@@ -200,6 +203,11 @@ RequestShape planned_shape(const PipelineLayout& l, const FitQuery& q) {
     const int64_t t = q.max_sequence_length > 0 ? q.max_sequence_length
                                                 : r.max_sequence_length.value_or(l.defaults.max_sequence_length.value_or(512));
     s.text_tokens = std::max(s.text_tokens, t);
+  }
+  if (s.height == 0) {  // every request's size is its own error: plan for the defaults
+    s.height = l.defaults.height.value_or(1024);
+    s.width = l.defaults.width.value_or(1024);
+    s.text_tokens = std::max<int64_t>(s.text_tokens, l.defaults.max_sequence_length.value_or(512));
   }
   s.image_tokens = l.image_tokens(s.height, s.width);
   return s;

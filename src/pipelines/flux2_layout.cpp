@@ -12,28 +12,13 @@
 #include "models/flux2_transformer.h"
 #include "models/model_config.h"
 #include "pipelines/family_steps.h"
+#include "pipelines/flux2_defaults.h"
 #include "pipelines/flux2_pipeline.h"
 #include "pipelines/pipeline_layout.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
 namespace {
-
-// The text encoder layers each pipeline stacks (text_encoder_out_layers). The
-// same table as flux2_pipeline.cpp's stacked_layers, which loads with it:
-// the two must agree (the fit planner's tests compare this layout's bytes
-// with a real load).
-std::vector<int64_t> stacked_layers(bool klein) {
-  return klein ? std::vector<int64_t>{9, 18, 27} : std::vector<int64_t>{10, 20, 30};
-}
-
-// FLUX.2's __call__ defaults that size a request (flux2_pipeline.cpp's flux2_defaults).
-GenerationRequest flux2_size_defaults(int64_t vae_scale_factor) {
-  GenerationRequest d;
-  d.height = d.width = 128 * vae_scale_factor;  // default_sample_size * vae_scale_factor
-  d.max_sequence_length = 512;
-  return d;
-}
 
 // The text encoder against the transformer and the stacked layers, as the
 // pipeline's load checks them (its tokenizer is not read here).
@@ -42,7 +27,7 @@ void add_text_encoder(const checkpoint::PipelineFolder& pf, const PipelineOption
   ComponentLayout te = component_layout(pf, "text_encoder", Phase::Encode, options);
   std::string path;
   const auto cfg = models::DecoderConfig::from_json(models::read_component_config(te.path, &path), path);
-  const std::vector<int64_t> layers = stacked_layers(klein);
+  const std::vector<int64_t> layers = flux2_stacked_layers(klein);
   if (3 * cfg.hidden_size != flux2.joint_dim) {
     throw CheckpointError(fmt::format("{}: joint_attention_dim {} is not 3 x the text encoder's hidden_size {} ({})",
                                       transformer_path, flux2.joint_dim, cfg.hidden_size, path),
@@ -84,7 +69,7 @@ PipelineLayout flux2_layout(const checkpoint::PipelineFolder& pf, const Pipeline
                           true);
   }
   check_packed_channels(flux2.in_channels, transformer_path, l.vae.latent_channels, vae.path);
-  l.defaults = flux2_size_defaults(l.vae_scale_factor);
+  l.defaults = flux2_defaults(l.vae_scale_factor);
   return l;
 }
 

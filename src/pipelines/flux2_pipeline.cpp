@@ -16,6 +16,7 @@
 #include "models/flux2_transformer.h"
 #include "models/model_config.h"
 #include "pipelines/batch_stages.h"
+#include "pipelines/flux2_defaults.h"
 #include "pipelines/family_steps.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "pipelines/flux2_latents.h"
@@ -45,22 +46,6 @@ struct Flux2Pipeline::Impl : PipelineRuntime {
 };
 
 namespace {
-
-// The text encoder layers each pipeline stacks (text_encoder_out_layers).
-std::vector<int64_t> stacked_layers(bool klein) {
-  return klein ? std::vector<int64_t>{9, 18, 27} : std::vector<int64_t>{10, 20, 30};
-}
-
-// FLUX.2's __call__ defaults.
-GenerationRequest flux2_defaults(int64_t vae_scale_factor) {
-  GenerationRequest d;
-  d.height = d.width = 128 * vae_scale_factor;  // default_sample_size * vae_scale_factor
-  d.steps = 50;
-  d.guidance = 4.0;
-  d.true_cfg_scale = 1.0;
-  d.max_sequence_length = 512;
-  return d;
-}
 
 // The template the pipeline's caller reads must be the one its text encoder
 // was trained with: a Qwen3 template in a dev folder (or Mistral's in klein)
@@ -195,7 +180,7 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
 
   // Configs first: every cross-component check before any weight byte is read.
   Flux2Configs configs = read_flux2_configs(pf, options, *impl);
-  const std::vector<int64_t> layers = stacked_layers(impl->klein);
+  const std::vector<int64_t> layers = flux2_stacked_layers(impl->klein);
   if (options.text_encoders) read_text_encoder_config(pf, layers, configs, *impl);
   const bool shard_text = options.shard_text_encoders.value_or(true);
   validate_flux2_tp(configs, layers, shard_text, options, tp);

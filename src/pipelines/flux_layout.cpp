@@ -13,19 +13,12 @@
 #include "models/model_config.h"
 #include "models/t5_encoder.h"
 #include "pipelines/family_steps.h"
+#include "pipelines/flux_defaults.h"
 #include "pipelines/pipeline_layout.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
 namespace {
-
-// FluxPipeline.__call__'s defaults that size a request (flux_pipeline.cpp's flux_defaults).
-GenerationRequest flux_size_defaults(int64_t vae_scale_factor) {
-  GenerationRequest d;
-  d.height = d.width = 128 * vae_scale_factor;  // default_sample_size * vae_scale_factor
-  d.max_sequence_length = 512;
-  return d;
-}
 
 // CLIP and T5 against the transformer, as the pipeline's load checks them; T5's width.
 int64_t add_text_encoders(const checkpoint::PipelineFolder& pf, const PipelineOptions& options,
@@ -68,7 +61,7 @@ PipelineLayout flux_layout(const checkpoint::PipelineFolder& pf, const PipelineO
   if (options.text_encoders) l.text_hidden = add_text_encoders(pf, options, flux, transformer_path, l);
   const VaeConfigRead vae = add_vae_decoder(pf, options, l);
   check_packed_channels(flux.in_channels, transformer_path, l.vae.latent_channels, vae.path);
-  l.defaults = flux_size_defaults(l.vae_scale_factor);
+  l.defaults = flux_defaults(l.vae_scale_factor);
   return l;
 }
 

@@ -19,6 +19,7 @@
 #include "text/clip_tokenizer.h"
 #include "pipelines/batch_stages.h"
 #include "pipelines/family_steps.h"
+#include "pipelines/flux_defaults.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "pipelines/latents.h"
 #include "pipelines/pipeline_components.h"
@@ -47,17 +48,6 @@ struct FluxPipeline::Impl : PipelineRuntime {
 };
 
 namespace {
-
-// FluxPipeline.__call__'s defaults.
-GenerationRequest flux_defaults(int64_t vae_scale_factor) {
-  GenerationRequest d;
-  d.height = d.width = 128 * vae_scale_factor;  // default_sample_size * vae_scale_factor
-  d.steps = 28;
-  d.guidance = 3.5;
-  d.true_cfg_scale = 1.0;
-  d.max_sequence_length = 512;
-  return d;
-}
 
 // `r` with defaults applied.
 bool do_true_cfg(const GenerationRequest& r) {
@@ -199,6 +189,9 @@ void FluxPipeline::check_request(const GenerationRequest& request) const {
   const bool embeds = r.has_given("prompt_embeds");
   if (embeds != r.has_given("pooled_prompt_embeds")) {
     throw RequestError("prompt_embeds and pooled_prompt_embeds must be given together", true);
+  }
+  if (r.has_given("negative_prompt_embeds") != r.has_given("negative_pooled_prompt_embeds")) {
+    throw RequestError("negative_prompt_embeds and negative_pooled_prompt_embeds must be given together", true);
   }
   if (!embeds && !m.clip) {
     throw RequestError(fmt::format("{} was loaded without text encoders: give prompt_embeds and pooled_prompt_embeds",

@@ -91,7 +91,7 @@ def case_json_fields(work):
     rows = [l.split() for l in out.splitlines() if l.split()[:1] in (["1"], ["2"])]
     ok = rc == 0 and len(rows) == 4 and all(r[-1] in ("yes", "no") for r in rows)
     check(ok, "text: a row per candidate" + ("" if ok else f"\n{out}"))
-    check('chosen: tp 1 x dp 4, staged; schedule.phases = "auto" runs it together' in out and "tp 4: not possible" in out, "text choice and refusal")
+    check('chosen: tp 1 x dp 4, staged (the least memory); schedule.phases = "auto" runs it together' in out and "tp 4: not possible" in out, "text choice and refusal")
     # Under mpirun: rank 0 alone prints.
     rc, out, err = tprun("plan", "--model", d, "--device-memory", "64GiB", "--json", np_=2)
     check(rc == 0 and out.count('"candidates"') == 1, f"mpirun -np 2: one output (exit {rc}) {err[-400:]}")

@@ -230,6 +230,8 @@ def bad_keys(work):
                        (["schedule.stage_requests=-1"], "schedule.stage_requests"),
                        (['schedule.stage_requests="all"'], "schedule.stage_requests"),
                        (["schedule.stages=2"], "schedule.stages"),
+                       (['schedule.device_memory="lots"'], "schedule.device_memory"),
+                       (["schedule.device_memory=-5"], "schedule.device_memory"),
                        (['parallel.tp="most"'], "parallel.tp"),
                        (['parallel.tp="auto"', "parallel.dp=2"], "parallel.tp = \"auto\" chooses dp too")]:
         args = ["run", m, "--progress", "none"]

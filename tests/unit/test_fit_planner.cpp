@@ -23,24 +23,14 @@
 #include "presets/preset_registry.h"
 #include "runtime/error.h"
 #include "test_data.h"
+#include "tiny_pipeline.h"
 
 namespace tprun::pipelines {
 namespace {
 
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 
-// The tiny folder of `arch` ("flux", "flux2-klein", "flux2-dev"), written once.
-std::string tiny_folder(const std::string& arch) {
-  static test::TempDir tmp;
-  static std::map<std::string, std::string> written;
-  auto it = written.find(arch);
-  if (it != written.end()) return it->second;
-  const presets::PresetArch* a = presets::find_preset_arch(arch);
-  if (!a) throw std::runtime_error("no init-model architecture " + arch);
-  const std::string dir = tmp / arch;
-  a->resolve(arch, "tiny").write(dir, 0, false);
-  return written[arch] = dir;
-}
+using test::tiny_folder;
 
 PipelineOptions options_of(const std::string& dtype, bool fp8) {
   PipelineOptions o;

@@ -22,23 +22,12 @@
 #include "presets/preset_registry.h"
 #include "runtime/error.h"
 #include "test_data.h"
+#include "tiny_pipeline.h"
 
 namespace tprun::pipelines {
 namespace {
 
-// The tiny folder of `arch` ("flux", "flux2-klein", "flux2-dev"), written
-// once for the whole test binary through the preset registry.
-std::string tiny_folder(const std::string& arch) {
-  static test::TempDir tmp;
-  static std::map<std::string, std::string> written;
-  auto it = written.find(arch);
-  if (it != written.end()) return it->second;
-  const presets::PresetArch* a = presets::find_preset_arch(arch);
-  if (!a) throw std::runtime_error("no init-model architecture " + arch);
-  const std::string dir = tmp / arch;
-  a->resolve(arch, "tiny").write(dir, 0, false);
-  return written[arch] = dir;
-}
+using test::tiny_folder;
 
 std::unique_ptr<Pipeline> load_folder(const std::string& folder, const std::string& dtype, bool text_encoders,
                                       bool denoiser) {
@@ -263,6 +252,17 @@ TEST(StagedPipeline, FluxTextEncodesSkipGivenEmbeddings) {
       r, {{"prompt_embeds", e.at("prompt_embeds")}, {"pooled_prompt_embeds", e.at("pooled_prompt_embeds")}});
   p->check_request(given);
   EXPECT_EQ(described(p->text_encodes(given)), (decltype(described(all)){{"negative_prompt", negative_gives}}));
+  // A negative's embeddings without its pooled vector (or the reverse) are refused.
+  const models::TensorMap n = p->encode_text(all[1]);
+  for (const char* alone : {"negative_prompt_embeds", "negative_pooled_prompt_embeds"}) {
+    const at::Tensor t = n.at(std::string(alone) == "negative_prompt_embeds" ? "prompt_embeds" : "pooled_prompt_embeds");
+    try {
+      p->check_request(with_given(given, {{alone, t}}));
+      ADD_FAILURE() << alone << " alone was accepted";
+    } catch (const RequestError& err) {
+      EXPECT_NE(std::string(err.what()).find("must be given together"), std::string::npos) << err.what();
+    }
+  }
   // No true CFG (scale 1): the negative prompt is not encoded.
   GenerationRequest plain = r;
   plain.true_cfg_scale = 1.0;
