@@ -35,14 +35,10 @@ int64_t positive_flag(const po::variables_map& vm, const char* name) {
 void query_from_manifest(const std::string& path, pipelines::FitQuery& q, int& world) {
   const jobs::Manifest m = jobs::parse_manifest(path);
   if (m.tp > 0) world = m.dp > 0 ? m.tp * m.dp : std::max(world, m.tp);
-  std::string device = "cpu";
-  if (m.device == "cpu" || m.device == "cuda") device = m.device;
-  if (m.device.rfind("cuda:", 0) == 0) device = "cuda";
   std::error_code ec;
   std::vector<jobs::JobRequest> requests;
   if (std::filesystem::is_regular_file(m.requests, ec)) requests = jobs::read_requests(m.requests, m.defaults);
-  q = jobs::fit_query(m, requests, world, device);
-  if (m.device == "auto") q.device = "auto";
+  q = jobs::fit_query(m, requests, world, m.device);  // auto | cpu | cuda: planned_device resolves auto
 }
 
 // "auto": cuda when this build has CUDA and a GPU is visible here.

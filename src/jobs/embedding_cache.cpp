@@ -202,6 +202,15 @@ void check_header_size(const std::vector<checkpoint::TensorPayload>& payloads,
   }
 }
 
+// CheckpointError unless `name` is a plain chunk file name.
+void check_chunk_name(const std::string& name) {
+  if (!plain_name(name, kMaxNameBytes) || !is_chunk_name(name)) {
+    throw CheckpointError(fmt::format("embedding cache: chunk name '{}' is not a plain file name "
+                                      "(letters, digits, '.', '-', '_'; not starting with '.') ending in '{}'",
+                                      clip_text(name), kChunkSuffix));
+  }
+}
+
 }  // namespace
 
 EmbeddingCache::EmbeddingCache(const std::string& output_dir, const std::string& fingerprint)
@@ -270,10 +279,7 @@ void EmbeddingCache::index_file(const std::string& path) {
 }
 
 void EmbeddingCache::index_chunk(const std::string& name) {
-  if (!plain_name(name, kMaxNameBytes) || !is_chunk_name(name)) {
-    throw CheckpointError(fmt::format("embedding cache: chunk name '{}' is not a plain file name ending in '{}'",
-                                      clip_text(name), kChunkSuffix));
-  }
+  check_chunk_name(name);
   index_file((fs::path(folder_) / name).string());
 }
 
@@ -313,11 +319,7 @@ void EmbeddingCache::make_folder() const {
 void EmbeddingCache::write_chunk(const std::string& name,
                                  const std::vector<std::pair<std::string, models::TensorMap>>& entries) {
   const std::string path = (fs::path(folder_) / name).string();
-  if (!plain_name(name, kMaxNameBytes) || !is_chunk_name(name)) {
-    throw CheckpointError(fmt::format("embedding cache: chunk name '{}' is not a plain file name "
-                                      "(letters, digits, '.', '-', '_'; not starting with '.') ending in '{}'",
-                                      clip_text(name), kChunkSuffix));
-  }
+  check_chunk_name(name);
   if (entries.empty()) return;
   std::vector<at::Tensor> keep;
   std::vector<checkpoint::TensorPayload> payloads = chunk_payloads(entries, path, keep);

@@ -100,7 +100,7 @@ void JobRun::validate() {
   const Manifest& m = plan_.manifest;
   const int world = session_.world();
   control_.agree([&] {
-    const int dp = m.tp == 0 ? world : m.dp > 0 ? m.dp : (world % m.tp == 0 ? world / m.tp : 0);
+    const int dp = m.tp == 0 ? 0 : m.dp > 0 ? m.dp : (world % m.tp == 0 ? world / m.tp : 0);
     if (m.tp != 0 && (dp == 0 || m.tp * dp != world)) {
       throw ConfigError(fmt::format("{}: parallel.tp {} x parallel.dp {} must equal the number of ranks {}", m.path,
                                     m.tp, m.dp > 0 ? std::to_string(m.dp) : std::string("(world / tp)"), world),
@@ -226,7 +226,7 @@ void JobRun::choose_phases() {
   if (m.tp > 0 && m.phases != "auto") {
     staged_ = m.phases == "staged";
   } else {
-    std::string choice;
+    int64_t tp = m.tp, staged = 0;
     control_.agree([&] {
       const auto env = rank_env_from_variables(process_env());
       const std::string device = session_.device().device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
@@ -241,11 +241,9 @@ void JobRun::choose_phases() {
         // and names what is wrong; without a plan everything stays resident.
         spdlog::warn("{}: the fit planner could not plan this job ({}); schedule.phases = \"auto\" runs it together",
                      m.path, e.what());
-        choice = fmt::format("{} together", m.tp);
         return;
       }
       spdlog::info("the fit planner's table:\n{}", format_fit_plan(plan, m.model, q.world));
-      int tp = m.tp;
       if (tp == 0) {
         if (!plan.chosen) {
           throw ConfigError(fmt::format("{}: parallel.tp = \"auto\": {}", m.path, no_fit_message(plan, m.model, q.world)),
@@ -253,24 +251,18 @@ void JobRun::choose_phases() {
         }
         tp = plan.chosen->tp;
       }
-      std::string phases = m.phases;
-      if (phases == "auto") {
-        const pipelines::FitCandidate* together = plan.find(tp, "together");
-        phases = m.tp == 0 ? plan.auto_stages : together && together->fits ? "together" : "staged";
-        const pipelines::FitCandidate* staged = plan.find(tp, "staged");
-        if (phases == "staged" && staged && !staged->fits) {
-          spdlog::warn("{}: the planner predicts a peak of {} per rank at tp {} even staged, over the {} it plans "
-                       "for; running staged anyway",
-                       m.path, format_bytes(staged->peak), tp, format_bytes(plan.rank_memory));
-        }
+      staged = (m.phases == "auto" ? plan.auto_stages_at(static_cast<int>(tp)) : m.phases) == "staged";
+      const pipelines::FitCandidate* candidate = plan.find(static_cast<int>(tp), "staged");
+      if (m.phases == "auto" && staged && candidate && !candidate->fits) {
+        spdlog::warn("{}: the planner predicts a peak of {} per rank at tp {} even staged, over the {} it plans "
+                     "for; running staged anyway",
+                     m.path, format_bytes(candidate->peak), tp, format_bytes(plan.rank_memory));
       }
-      choice = fmt::format("{} {}", tp, phases);
     });
-    control_.broadcast(choice);
-    const auto space = choice.find(' ');
-    m.tp = std::stoi(choice.substr(0, space));
-    staged_ = choice.substr(space + 1) == "staged";
-    if (m.dp == 0 && session_.world() % m.tp == 0) m.dp = session_.world() / m.tp;
+    control_.broadcast(tp);
+    control_.broadcast(staged);
+    m.tp = static_cast<int>(tp);
+    staged_ = staged != 0;
   }
   if (rank_ == 0) {
     spdlog::info("schedule.phases = \"{}\"{}: {}; tp {} x dp {}", m.phases,
@@ -314,7 +306,6 @@ void JobRun::load_pipeline(bool encoders_only) {
                !staged_ ? "" : encoders_only ? ": text encoders" : ": transformer and VAE", seconds_since(t0),
                pipe_->bytes_loaded());
 }
-
 
 // Every request to run is checked once (batching, the store and the loop use
 // the verdict).

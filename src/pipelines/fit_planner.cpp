@@ -279,6 +279,11 @@ const FitCandidate* FitPlan::find(int tp, const std::string& stages) const {
   return nullptr;
 }
 
+std::string FitPlan::auto_stages_at(int tp) const {
+  const FitCandidate* together = find(tp, "together");
+  return together && together->fits ? "together" : "staged";
+}
+
 std::optional<uint64_t> default_rank_memory(const std::string& device, int ranks_per_node, std::string* source) {
   const int sharing = std::max(1, ranks_per_node);
   const HostMemory mem = device == "cuda" ? device_memory(0) : host_memory();
@@ -335,10 +340,7 @@ FitPlan plan_fit(const FitQuery& q) {
     add_candidates(comps, layout, q, shape, tp, plan);
   }
   plan.chosen = choose(plan.candidates);
-  if (plan.chosen) {
-    const FitCandidate* together = plan.find(plan.chosen->tp, "together");
-    plan.auto_stages = together && together->fits ? "together" : "staged";
-  }
+  if (plan.chosen) plan.auto_stages = plan.auto_stages_at(plan.chosen->tp);
   return plan;
 }
 

@@ -136,6 +136,9 @@ struct FitPlan {
   std::string auto_stages;
   // The candidate (tp, stages), or nullptr.
   const FitCandidate* find(int tp, const std::string& stages) const;
+  // What schedule.phases = "auto" runs at `tp`: "together" where the
+  // together candidate of that tp fits, else "staged".
+  std::string auto_stages_at(int tp) const;
 };
 
 // ConfigError naming the field for a world < 1, a batch or size < 1, an

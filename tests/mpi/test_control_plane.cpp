@@ -125,12 +125,17 @@ TEST(ControlPlane, RecordChannelDeliversInOrderToRankZero) {
     return i == kRecords / 2 ? std::string(2 << 20, static_cast<char>('a' + rank % 26))
                              : fmt::format("{{\"rank\": {}, \"i\": {}}}", rank, i);
   };
+  // Rank 0 looks at the fresh plane before anyone sends: without the barrier
+  // a fast sender's records could already be there (a race, not a bug).
+  if (plane.rank() == 0) {
+    EXPECT_EQ(plane.poll([](Tag, int, const std::string&) {}), 0) << "a fresh plane has nothing to take";
+  }
+  plane.barrier();
   if (plane.rank() != 0) {
     for (int i = 0; i < kRecords; ++i) plane.send_to_root(Tag::Record, record(plane.rank(), i));
     plane.send_to_root(Tag::Finish, "finished");
     plane.flush();
   } else {
-    EXPECT_EQ(plane.poll([](Tag, int, const std::string&) {}), 0) << "a fresh plane has nothing to take";
     std::map<int, std::vector<std::string>> records;
     std::map<int, int> finishes;
     auto handle = [&](Tag tag, int source, const std::string& payload) {
