@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""The diffusers side of `tools/bench_batch --flux2-klein`, and the image check.
+"""The diffusers side of `tools/bench_batch --flux2-klein` and `--qwen-image`, and the image check.
 
   bench_diffusers_flux2.py run FOLDER REQUESTS.jsonl OUT --height H --width W --steps N
-                           --guidance G --max-sequence-length L [--threads T] [--shard I/N]
-      Flux2KleinPipeline.from_pretrained(FOLDER) (fp32, as `tprun run`'s default dtype), then a
+                           [--pipeline flux2-klein|qwen-image] [--guidance G] [--true-cfg-scale S]
+                           --max-sequence-length L [--threads T] [--shard I/N]
+      Flux2KleinPipeline (default; --guidance required: its CFG scale) or QwenImagePipeline
+      (--true-cfg-scale, default 4.0 as diffusers': true CFG for the requests that carry a
+      "negative_prompt", a plain conditional pass for the others, as the pipeline decides)
+      .from_pretrained(FOLDER) (fp32, as `tprun run`'s default dtype), then a
       loop over the requests (every N-th from the I-th, in file order) with each request's own seed
       (torch.Generator("cpu").manual_seed(seed): the noise tprun draws for that seed), saving
       OUT/images/<id>.png as a PIL image (uint8, diffusers' own numpy_to_pil rounding). Prints one
@@ -21,6 +25,8 @@ import sys
 import time
 
 T0 = time.perf_counter()
+# --pipeline: the diffusers class each family runs.
+PIPELINES = {"flux2-klein": "Flux2KleinPipeline", "qwen-image": "QwenImagePipeline"}
 
 
 def run(args):
@@ -29,11 +35,11 @@ def run(args):
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from diffusers import Flux2KleinPipeline
+    import diffusers
     from diffusers.utils import logging as dlogging
     dlogging.disable_progress_bar()
     t_import = time.perf_counter()
-    pipe = Flux2KleinPipeline.from_pretrained(args.folder, dtype=torch.float32)
+    pipe = getattr(diffusers, PIPELINES[args.pipeline]).from_pretrained(args.folder, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     t_load = time.perf_counter()
     index, count = (int(x) for x in args.shard.split("/"))
@@ -43,8 +49,13 @@ def run(args):
     os.makedirs(images, exist_ok=True)
     with torch.inference_mode():
         for r in mine:
+            if args.pipeline == "qwen-image":
+                guide = dict(negative_prompt=r.get("negative_prompt"),
+                             true_cfg_scale=r.get("true_cfg_scale", args.true_cfg_scale))
+            else:
+                guide = dict(guidance_scale=r.get("guidance", args.guidance))
             image = pipe(prompt=r["prompt"], height=r.get("height", args.height), width=r.get("width", args.width),
-                         num_inference_steps=r.get("steps", args.steps), guidance_scale=r.get("guidance", args.guidance),
+                         num_inference_steps=r.get("steps", args.steps), **guide,
                          max_sequence_length=r.get("max_sequence_length", args.max_sequence_length),
                          generator=torch.Generator("cpu").manual_seed(r["seed"]), output_type="pil").images[0]
             image.save(os.path.join(images, f"{r['id']}.png"))
@@ -87,7 +98,9 @@ def main():
     r.add_argument("--height", type=int, required=True)
     r.add_argument("--width", type=int, required=True)
     r.add_argument("--steps", type=int, required=True)
-    r.add_argument("--guidance", type=float, required=True)
+    r.add_argument("--pipeline", choices=sorted(PIPELINES), default="flux2-klein")
+    r.add_argument("--guidance", type=float, help="Flux2KleinPipeline's guidance_scale (required there)")
+    r.add_argument("--true-cfg-scale", type=float, default=4.0, help="QwenImagePipeline's true_cfg_scale")
     r.add_argument("--max-sequence-length", type=int, required=True)
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--shard", default="0/1", help="I/N: every N-th request from the I-th")
@@ -96,6 +109,8 @@ def main():
     c.add_argument("b")
     c.add_argument("ids", nargs="*")
     args = ap.parse_args()
+    if args.cmd == "run" and args.pipeline == "flux2-klein" and args.guidance is None:
+        ap.error("run --pipeline flux2-klein needs --guidance")
     if args.cmd == "run":
         run(args)
         return 0

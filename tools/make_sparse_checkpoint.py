@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Write a FLUX.1 or FLUX.2 transformer checkpoint, or FLUX.2-dev's text
-encoder, as sparse files: real tensor names, shapes and shard layout, no real
+"""Write a FLUX.1, FLUX.2 or Qwen-Image transformer checkpoint, or FLUX.2-dev's
+or Qwen-Image's text encoder, as sparse files: real tensor names, shapes and shard layout, no real
 bytes (holes read as zeros), so a 24 GB (FLUX.1-dev), 64 GB (FLUX.2-dev) or
 48 GB (Mistral-Small-24B) checkpoint costs no disk. Names, shapes and
 state_dict order come from the library's own class built on the meta device;
 shards are filled greedily in state_dict order up to --max-shard-size, as
 save_pretrained does, and the index is the library's.
 
-  make_sparse_checkpoint.py OUT [--arch flux1-dev|flux2-dev|flux2-klein-4b|flux2-klein-9b|mistral-small-24b]
+  make_sparse_checkpoint.py OUT [--arch flux1-dev|flux2-dev|flux2-klein-4b|flux2-klein-9b|mistral-small-24b|
+                                        qwen-image|qwen2.5-vl-7b]
                             [--layers N] [--single-layers N] [--max-shard-size SIZE] [--dtype bf16]
 
 --layers / --single-layers override the architecture's block counts (a
@@ -56,9 +57,33 @@ ARCHS = {
         patch_size=1, in_channels=128, num_layers=8, num_single_layers=24, attention_head_dim=128,
         num_attention_heads=32, joint_attention_dim=12288, timestep_guidance_channels=256, mlp_ratio=3.0,
         axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=False)),
+    # Qwen/Qwen-Image's (and Qwen-Image-2512's) transformer/config.json.
+    "qwen-image": ("QwenImageTransformer2DModel", dict(
+        patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+        num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56))),
 }
 # transformers models: builder of (class name, config) from --layers.
-TRANSFORMERS_ARCHS = {"mistral-small-24b": lambda layers: mistral_small_24b(layers)}
+TRANSFORMERS_ARCHS = {"mistral-small-24b": lambda layers: mistral_small_24b(layers),
+                      "qwen2.5-vl-7b": lambda layers: qwen2_5_vl_7b(layers)}
+
+
+def qwen2_5_vl_7b(layers):
+    """Qwen2.5-VL-7B as Qwen-Image's text_encoder/config.json has it (the hub's flat transformers 4.x
+    layout, read by transformers 5 as it reads the hub's file)."""
+    from transformers import Qwen2_5_VLConfig
+    cfg = Qwen2_5_VLConfig.from_dict({
+        "hidden_size": 3584, "num_hidden_layers": layers or 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "rms_norm_eps": 1e-6,
+        "hidden_act": "silu", "max_position_embeddings": 128000, "rope_theta": 1000000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "tie_word_embeddings": False,
+        "bos_token_id": 151643, "eos_token_id": 151645, "image_token_id": 151655, "video_token_id": 151656,
+        "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
+        "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+                          "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14,
+                          "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+                          "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
+                          "temporal_patch_size": 2}})
+    return "Qwen2_5_VLForConditionalGeneration", cfg
 
 
 def mistral_small_24b(layers):
@@ -129,7 +154,7 @@ def meta_state(args):
             raise SystemExit(f"--single-layers does not apply to {args.arch}")
         cls_name, cfg = TRANSFORMERS_ARCHS[args.arch](args.layers)
         state, save_config, parameters = transformers_meta_state(cls_name, cfg, args.dtype)
-        layers = cfg.text_config.num_hidden_layers
+        layers = cfg.get_text_config().num_hidden_layers
         return (cls_name, state, save_config, "model", parameters, f"{layers} text layers + vision tower")
     cls_name, cfg = ARCHS[args.arch]
     cfg = dict(cfg)
@@ -138,8 +163,9 @@ def meta_state(args):
     if args.single_layers is not None:
         cfg["num_single_layers"] = args.single_layers
     state, save_config = diffusers_meta_state(cls_name, cfg)
-    return (cls_name, state, save_config, "diffusion_pytorch_model", None,
-            f"{cfg['num_layers']} + {cfg['num_single_layers']} blocks")
+    blocks = f"{cfg['num_layers']} + {cfg['num_single_layers']} blocks" if "num_single_layers" in cfg else \
+        f"{cfg['num_layers']} blocks"
+    return (cls_name, state, save_config, "diffusion_pytorch_model", None, blocks)
 
 
 def transformers_meta_state(cls_name, cfg, dtype):
@@ -212,7 +238,7 @@ def main():
     ap.add_argument("--layers", type=int, default=None,
                     help="double-stream blocks (mistral-small-24b: text layers); default: the architecture's")
     ap.add_argument("--single-layers", type=int, default=None, help="single-stream blocks (default: the architecture's)")
-    ap.add_argument("--max-shard-size", default=None, help="default 10GB (diffusers), 5GB (mistral-small-24b)")
+    ap.add_argument("--max-shard-size", default=None, help="default 10GB (diffusers), 5GB (transformers models)")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     args = ap.parse_args()
     cls_name, state, save_config, stem, parameters, what = meta_state(args)

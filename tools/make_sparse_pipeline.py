@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Write a whole FLUX.1 [dev] / FLUX.2 [klein] 4B / [klein] 9B / FLUX.2 [dev]
-pipeline folder as sparse files: every component's real tensor names, shapes
+"""Write a whole FLUX.1 [dev] / FLUX.2 [klein] 4B / [klein] 9B / FLUX.2 [dev] /
+Qwen-Image pipeline folder as sparse files: every component's real tensor names, shapes
 and shard layout, no real bytes (holes read as zeros), so `tprun plan`,
 `tprun inspect` and loads can be measured on full-size models without the
 disk (or the download). Each component is written as
 tools/make_sparse_checkpoint.py writes a transformer: its library's class
 built on the meta device, shards filled greedily as save_pretrained does.
 
-  make_sparse_pipeline.py OUT --arch flux1-dev|flux2-klein-4b|flux2-klein-9b|flux2-dev
+  make_sparse_pipeline.py OUT --arch flux1-dev|flux2-klein-4b|flux2-klein-9b|flux2-dev|qwen-image
                           [--dtype bf16] [--tprun PATH] [--force]
 
 Where the shapes come from (no download is possible here, so the published
@@ -20,12 +20,14 @@ repositories' config.json values are written out below, each beside its source):
                   [klein] 9B: Qwen3-8B (36 x 4096): the hidden widths are a third of
                   the transformers' joint_attention_dim (7680, 12288), the pipeline
                   stacking three hidden states; FLUX.2 [dev]: Mistral-Small-3.1-24B
-                  (make_sparse_checkpoint.mistral_small_24b). Sharded at 5GB, as those
+                  (make_sparse_checkpoint.mistral_small_24b); Qwen-Image: Qwen2.5-VL-7B
+                  (make_sparse_checkpoint.qwen2_5_vl_7b). Sharded at 5GB, as those
                   checkpoints are published (transformers 5.17's own default, 50GB,
                   would write one file).
   vae/            FLUX.1: AutoencoderKL with FLUX.1's config (16 latent channels,
                   scaling 0.3611, shift 0.1159, no quant convs); FLUX.2:
-                  AutoencoderKLFlux2's defaults (diffusers: the FLUX.2 VAE).
+                  AutoencoderKLFlux2's defaults (diffusers: the FLUX.2 VAE); Qwen-Image:
+                  AutoencoderKLQwenImage's defaults (Qwen-Image's vae/config.json).
   scheduler/, tokenizer*/, model_index.json
                   copied from `tprun init-model TMP --arch <family>` (tiny
                   vocabularies: every id they produce is below the real encoders'
@@ -86,6 +88,7 @@ FLUX1_VAE = ("AutoencoderKL", dict(
     norm_num_groups=32, sample_size=1024, scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False,
     use_post_quant_conv=False))
 FLUX2_VAE = ("AutoencoderKLFlux2", {})  # the class's defaults are FLUX.2's VAE
+QWEN_IMAGE_VAE = ("AutoencoderKLQwenImage", {})  # the class's defaults are Qwen-Image's VAE (the Wan 2.1 design)
 
 # arch -> (init-model family, transformer arch, {text component: builder}, vae)
 PIPELINES = {
@@ -93,6 +96,7 @@ PIPELINES = {
     "flux2-klein-4b": ("flux2-klein", "flux2-klein-4b", {"text_encoder": lambda: qwen3(2560, 9728, True)}, FLUX2_VAE),
     "flux2-klein-9b": ("flux2-klein", "flux2-klein-9b", {"text_encoder": lambda: qwen3(4096, 12288, False)}, FLUX2_VAE),
     "flux2-dev": ("flux2-dev", "flux2-dev", {"text_encoder": lambda: msc.mistral_small_24b(None)}, FLUX2_VAE),
+    "qwen-image": ("qwen-image", "qwen-image", {"text_encoder": lambda: msc.qwen2_5_vl_7b(None)}, QWEN_IMAGE_VAE),
 }
 
 

@@ -1,14 +1,16 @@
 #pragma once
-// The decoder-only text encoders of the FLUX.2 pipelines, tensor-parallel:
-// one implementation, parameterised by config, of
+// The decoder-only text encoders of the FLUX.2 and Qwen-Image pipelines,
+// tensor-parallel: one implementation, parameterised by config, of
 //   transformers' Qwen3ForCausalLM              (FLUX.2 [klein]: Qwen3-4B / 8B)
 //   the language model of Mistral3ForConditionalGeneration
 //                                               (FLUX.2 [dev]: Mistral-Small-3.x-24B)
+//   the language model of Qwen2_5_VLForConditionalGeneration
+//                                               (Qwen-Image: Qwen2.5-VL-7B, 28 x 3584)
 // run as the pipelines run them: input_ids and a padding attention_mask in,
 // output.hidden_states[k] for the layers asked for out (no lm_head, no cache).
 //
 // Per layer (transformers 5.17 with its default sdpa attention, as the
-// diffusers pipelines load them; Mistral = Qwen3 without q/k norm):
+// diffusers pipelines load them; Mistral and Qwen2.5-VL = Qwen3 without q/k norm):
 //   x = rms(h, input_layernorm)
 //   q = q_proj(x) -> [B, S, H, D] (-> rms(q, q_norm) on D: Qwen3) -> [B, H, S, D]
 //   k = k_proj(x) -> [B, S, KV, D] (-> rms(k, k_norm): Qwen3), v = v_proj(x)
@@ -18,10 +20,22 @@
 //   h = h + a;  h = h + down_proj(act(gate_proj(y)) * up_proj(y)), y = rms(h, post_attention_layernorm)
 // mask (sdpa_mask): key j visible to query i where j <= i, attention_mask[b, j]
 // == 1 and (sliding window w) j > i - w; a query that sees no key (left
-// padding) attends to nothing and gets 0, as torch's SDPA gives it. RMSNorm (Qwen3RMSNorm / MistralRMSNorm): weight *
-// (x_fp32 * rsqrt(mean(x_fp32^2) + eps)).to(x.dtype). RoPE cos / sin are computed
+// padding) attends to nothing and gets 0, as torch's SDPA gives it. RMSNorm (Qwen3RMSNorm / MistralRMSNorm /
+// Qwen2_5_VLRMSNorm): weight * (x_fp32 * rsqrt(mean(x_fp32^2) + eps)).to(x.dtype). RoPE cos / sin are computed
 // in fp32 as the rotary embedding class does (rope_type default | linear |
 // llama3 | yarn, attention_scaling applied), then cast to the compute dtype.
+//
+// Qwen2.5-VL's multimodal RoPE: the rotary class takes positions [3, B, S]
+// (temporal, height, width), computes cos / sin for each row and builds the
+// D/2 frequency columns from consecutive sections (mrope_section, summing to
+// D/2): section i from row i % 3, then duplicates them (cat(f, f)). Text-only
+// input (input_ids + attention_mask, no image grid) never reaches
+// get_rope_index: Qwen2_5_VLModel leaves position_ids None and the text model
+// uses arange(S) for every row of the batch and all three rows, padding or
+// not. Three equal rows make the section pick the identity, so the tables are
+// those of ordinary RoPE over 0..S-1, bitwise (each entry is the same fp32
+// product inv_freq[j] * s). mrope_section is still checked (it must sum to
+// D/2, or transformers' split fails).
 //
 // Hidden states, numbered as transformers' output.hidden_states: 0 = the
 // embeddings, k = the output of layer k-1, and the last one (k = num_layers)
@@ -33,24 +47,29 @@
 // hidden_layers: every layer and the final norm.
 //
 // Tensor parallelism (transformers' base_model_tp_plan of Qwen3Config /
-// MistralConfig): q_proj, k_proj, v_proj, gate_proj, up_proj colwise;
-// o_proj, down_proj rowwise (a Qwen3 attention_bias: q/k/v biases split with
-// their rows, o_proj's added once after the reduce). Rank r of p holds query
+// MistralConfig / Qwen2_5_VLTextConfig): q_proj, k_proj, v_proj, gate_proj, up_proj colwise;
+// o_proj, down_proj rowwise (q/k/v biases -- Qwen3's attention_bias,
+// always in Qwen2.5-VL -- split with their rows; Qwen3's o_proj bias added once
+// after the reduce; Qwen2.5-VL's o_proj has none). Rank r of p holds query
 // heads [r H/p, (r+1) H/p) and KV heads [r KV/p, (r+1) KV/p), so the local
 // q -> kv mapping is the global one. Embeddings, every norm replicated.
 // 2 AllReduces per layer run (o_proj, down_proj), none at tp 1. tp must
 // divide num_attention_heads and num_key_value_heads (and intermediate_size).
 //
 // Tensor names. Qwen3ForCausalLM: model.embed_tokens, model.layers.N.*,
-// model.norm, lm_head (never read; absent when tied). Mistral3: the language
-// model, vision tower (Pixtral) and projector in one of two layouts:
-//   saved      language_model.model.*, language_model.lm_head,
-//              vision_tower.*, multi_modal_projector.*
+// model.norm, lm_head (never read; absent when tied). Mistral3 and
+// Qwen2.5-VL: the language model, the vision tower (and Mistral3's projector)
+// in one of two layouts:
+//   saved      Mistral3:   language_model.model.*, language_model.lm_head,
+//                          vision_tower.*, multi_modal_projector.*
+//              Qwen2.5-VL: model.*, lm_head, visual.* (the hub's files)
 //              (what save_pretrained writes: transformers 4.x and 5.17 alike
 //              revert their key mapping when saving)
-//   in-memory  model.language_model.*, lm_head, model.vision_tower.*,
-//              model.multi_modal_projector.* (the module names; a state_dict
-//              written with safetensors directly)
+//   in-memory  Mistral3:   model.language_model.*, lm_head, model.vision_tower.*,
+//                          model.multi_modal_projector.*
+//              Qwen2.5-VL: model.language_model.*, lm_head, model.visual.*
+//              (the module names; a state_dict written with safetensors
+//              directly; transformers' conversion mapping loads both)
 // The table built from the config alone (inspect, init-model) uses the saved
 // layout; load() reads the checkpoint's tensor NAMES (headers only) and
 // records the table in the layout the checkpoint has. The vision tower,
@@ -86,6 +105,9 @@ struct RopeParams {
   std::optional<double> attention_factor, mscale, mscale_all_dim;  // yarn
   double beta_fast = 32.0, beta_slow = 1.0;                         // yarn
   bool truncate = true;                                             // yarn
+  // Qwen2.5-VL: the multimodal RoPE sections (temporal, height, width), summing
+  // to head_dim / 2; empty for the other classes.
+  std::vector<int64_t> mrope_section;
 };
 
 // The names and shapes of the parts of a Mistral3 checkpoint tprun never
@@ -97,37 +119,52 @@ struct Mistral3VisionConfig {
   bool projector_bias = false;
 };
 
-enum class DecoderFamily { Qwen3, Mistral3 };
-enum class Mistral3Layout { Saved, InMemory };  // see the header comment
+// The names and shapes of Qwen2.5-VL's vision tower (never read), from
+// vision_config (Qwen2_5_VLVisionConfig's defaults).
+struct Qwen2_5_VLVisionConfig {
+  int64_t depth = 32, hidden = 3584, intermediate = 3420, channels = 3, patch = 14, temporal_patch = 2;
+  int64_t spatial_merge = 2, out_hidden = 3584;
+};
+
+enum class DecoderFamily { Qwen3, Mistral3, Qwen2_5_VL };
+// Mistral3 / Qwen2.5-VL tensor names (see the header comment).
+enum class NameLayout { Saved, InMemory };
 
 struct DecoderConfig {
   DecoderFamily family = DecoderFamily::Qwen3;
-  std::string cls;  // "Qwen3ForCausalLM" | "Mistral3ForConditionalGeneration"
+  std::string cls;  // "Qwen3ForCausalLM" | "Mistral3ForConditionalGeneration" | "Qwen2_5_VLForConditionalGeneration"
   int64_t vocab_size = 151936, hidden_size = 4096, intermediate_size = 22016;
   int64_t layers = 32, heads = 32, kv_heads = 32, head_dim = 128;
   int64_t max_position_embeddings = 32768;
   double rms_norm_eps = 1e-6;
   std::string act = "silu";
-  bool attention_bias = false;  // Qwen3 only (Mistral's projections never have biases)
+  bool attention_bias = false;  // q/k/v biases: Qwen3's attention_bias, always in Qwen2.5-VL, never in Mistral
+  bool o_proj_bias = false;     // Qwen3's attention_bias only
   bool qk_norm = true;          // Qwen3
   bool tie_word_embeddings = false;  // lm_head tied to embed_tokens (then save_pretrained does not write it)
   // Per layer: the sliding window (0 = full attention). Qwen3: layer_types /
   // use_sliding_window / max_window_layers; Mistral: sliding_window on every layer.
   std::vector<int64_t> window;
   RopeParams rope;
-  // Mistral3 only.
-  Mistral3Layout layout = Mistral3Layout::Saved;
+  // Mistral3 and Qwen2.5-VL: the name layout, and the vision tower's shapes.
+  NameLayout layout = NameLayout::Saved;
   Mistral3VisionConfig vision;
+  Qwen2_5_VLVisionConfig qwen_vision;
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
-  // Prefix of the language model's tensors ("model.", "language_model.model.", ...).
+  // Prefix of the language model's tensors ("model.", "language_model.model.",
+  // "model.language_model.").
   std::string base_prefix() const;
 
   // The class from architectures[0] (or model_type); Mistral3's language
   // model from text_config, with Mistral3Config's / MistralConfig's defaults
-  // for what is absent. Every value checked and bounded (CheckpointError
-  // naming the file and field; ConfigError for a rope_type tprun does not run).
+  // for what is absent; Qwen2.5-VL's from text_config when it is an object
+  // (transformers 5's file) else from the top-level fields (the hub's
+  // transformers 4.x file), with Qwen2_5_VLTextConfig's defaults.
+  // Every value checked and bounded (CheckpointError naming the file and
+  // field; ConfigError for a rope_type tprun does not run).
+  // decoder_text_encoder_config.cpp.
   static DecoderConfig from_json(const nlohmann::json& config, const std::string& config_path,
                                  const TensorCensus* census = nullptr);
 };
@@ -137,13 +174,13 @@ struct DecoderWeights;  // decoder_text_encoder.cpp
 class DecoderTextEncoder final : public Model {
  public:
   // The table (no checkpoint read): every layer, the final norm, and the
-  // tensors never read (lm_head; Mistral3's vision tower and projector) as
+  // tensors never read (lm_head; the vision towers, Mistral3's projector) as
   // unused; with options.hidden_layers the layers after the cut (and the
   // final norm when the cut skips it) are optional too, as that load never
   // reads them. ConfigError for a hidden layer outside [0, num_hidden_layers].
   static ModelTable table_for(const DecoderConfig& config, const ModelOptions& options = {});
 
-  // Mistral3: picks the layout from the checkpoint's tensor names. Then
+  // Mistral3, Qwen2.5-VL: picks the layout from the checkpoint's tensor names. Then
   // validates before any weight byte (tp divides num_attention_heads and
   // num_key_value_heads, every wanted tensor present with its shape) and
   // loads this rank's slices of the embeddings and of the layers up to the

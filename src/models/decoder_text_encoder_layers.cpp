@@ -1,6 +1,7 @@
 // The computing pieces of the decoder-only text encoders, op for op as
-// transformers 5.17 writes them (modeling_qwen3.py / modeling_mistral.py,
-// modeling_rope_utils.py, masking_utils.sdpa_mask, sdpa_attention_forward).
+// transformers 5.17 writes them (modeling_qwen3.py / modeling_mistral.py /
+// modeling_qwen2_5_vl.py's text model, modeling_rope_utils.py,
+// masking_utils.sdpa_mask, sdpa_attention_forward).
 // Python's `scalar / tensor` is tensor.reciprocal() * scalar and `scalar - tensor`
 // is rsub; both are kept so that the fp32 RoPE tables are bitwise the same.
 #include "models/decoder_text_encoder_layers.h"

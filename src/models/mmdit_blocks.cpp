@@ -43,14 +43,38 @@ StreamPair rowwise_pair(const parallel::ParallelLinear& image_out, const at::Ten
 
 StreamPair joint_attention(const JointAttentionWeights& w, int64_t head_dim, double eps, const at::Tensor& image,
                            const at::Tensor& text, const nn::Rope& rope, int64_t attention_chunk) {
+  return joint_attention(w, head_dim, eps, image, text, rope, attention_chunk, JointAttentionOptions{});
+}
+
+namespace {
+
+// split_heads with the QK norm of `kind` (nullptr: none).
+at::Tensor heads_of(const at::Tensor& y, int64_t head_dim, const parallel::Weight* norm, double eps, QkNorm kind) {
+  if (kind == QkNorm::Torch || norm == nullptr) return split_heads(y, head_dim, norm, eps);
+  return nn::diffusers_rms_norm(y.unflatten(-1, {-1, head_dim}), norm->get(), eps).transpose(1, 2);
+}
+
+}  // namespace
+
+StreamPair joint_attention(const JointAttentionWeights& w, int64_t head_dim, double eps, const at::Tensor& image,
+                           const at::Tensor& text, const nn::Rope& rope, int64_t attention_chunk,
+                           const JointAttentionOptions& options) {
+  const QkNorm n = options.qk_norm;
   // Tokens in [text, image] order, this rank's heads only.
-  const at::Tensor q = at::cat({split_heads(w.add_q.forward(text), head_dim, &w.norm_added_q, eps),
-                                split_heads(w.to_q.forward(image), head_dim, &w.norm_q, eps)}, 2);
-  const at::Tensor k = at::cat({split_heads(w.add_k.forward(text), head_dim, &w.norm_added_k, eps),
-                                split_heads(w.to_k.forward(image), head_dim, &w.norm_k, eps)}, 2);
-  const at::Tensor v = at::cat({split_heads(w.add_v.forward(text), head_dim, nullptr, eps),
-                                split_heads(w.to_v.forward(image), head_dim, nullptr, eps)}, 2);
-  const at::Tensor attn = rope_attention(q, k, v, rope, w.to_q.tp().size, attention_chunk);
+  const at::Tensor q = at::cat({heads_of(w.add_q.forward(text), head_dim, &w.norm_added_q, eps, n),
+                                heads_of(w.to_q.forward(image), head_dim, &w.norm_q, eps, n)}, 2);
+  const at::Tensor k = at::cat({heads_of(w.add_k.forward(text), head_dim, &w.norm_added_k, eps, n),
+                                heads_of(w.to_k.forward(image), head_dim, &w.norm_k, eps, n)}, 2);
+  const at::Tensor v = at::cat({heads_of(w.add_v.forward(text), head_dim, nullptr, eps, n),
+                                heads_of(w.to_v.forward(image), head_dim, nullptr, eps, n)}, 2);
+  at::Tensor attn;
+  if (options.key_mask.defined()) {
+    const at::Tensor mask = options.key_mask.to(q.device(), at::kBool).unsqueeze(1).unsqueeze(1);  // [B, 1, 1, S]
+    attn = merge_heads(nn::masked_attention(nn::apply_rope(q, rope), nn::apply_rope(k, rope), v, mask,
+                                            w.to_q.tp().size, attention_chunk));
+  } else {
+    attn = rope_attention(q, k, v, rope, w.to_q.tp().size, attention_chunk);
+  }
   const int64_t text_tokens = text.size(1);
   const at::Tensor attn_text = attn.narrow(1, 0, text_tokens).contiguous();
   const at::Tensor attn_image = attn.narrow(1, text_tokens, attn.size(1) - text_tokens).contiguous();

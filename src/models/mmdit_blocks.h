@@ -13,6 +13,8 @@
 #include <functional>
 #include <string>
 
+#include <ATen/core/Tensor.h>
+
 #include "models/model_builder.h"
 #include "models/nn_ops.h"
 #include "parallel/parallel_linear.h"
@@ -69,6 +71,23 @@ struct JointAttentionWeights {
 // projection; one AllReduce for both. `eps`: the QK RMSNorm's.
 StreamPair joint_attention(const JointAttentionWeights& w, int64_t head_dim, double eps, const at::Tensor& image,
                            const at::Tensor& text, const nn::Rope& rope, int64_t attention_chunk);
+
+// The variations of joint attention a family may need (defaults: FLUX's).
+enum class QkNorm {
+  Torch,      // torch.nn.RMSNorm (nn::rms_norm): FLUX.1 / FLUX.2 attention
+  Diffusers,  // diffusers' RMSNorm (nn::diffusers_rms_norm): the shared Attention class (Qwen-Image)
+};
+struct JointAttentionOptions {
+  QkNorm qk_norm = QkNorm::Torch;
+  // A boolean mask over the keys [B, S_txt + S_img] in [text, image] order
+  // (true = attend; padded text tokens false), or undefined for none. Every
+  // query sees the same keys (SDPA attn_mask [B, 1, 1, S]).
+  at::Tensor key_mask;
+};
+// joint_attention with options; with the defaults it is the call above.
+StreamPair joint_attention(const JointAttentionWeights& w, int64_t head_dim, double eps, const at::Tensor& image,
+                           const at::Tensor& text, const nn::Rope& rope, int64_t attention_chunk,
+                           const JointAttentionOptions& options);
 
 // linear_2(silu(linear_1(x))): diffusers' TimestepEmbedding and the
 // PixArtAlphaTextProjection (act_fn "silu") the families use for the

@@ -20,6 +20,7 @@
 #include <ATen/ops/outer.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/rms_norm.h>
+#include <ATen/ops/rsqrt.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/sin.h>
@@ -36,6 +37,13 @@ namespace tprun::models::nn {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return at::rms_norm(x, {x.size(-1)}, weight, eps);
+}
+
+at::Tensor diffusers_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor variance = x.to(at::kFloat).pow(2).mean(-1, true);
+  at::Tensor r = x * at::rsqrt(variance + eps);  // fp32 (type promotion)
+  if (weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16) r = r.to(weight.scalar_type());
+  return r * weight;
 }
 
 at::Tensor layer_norm(const at::Tensor& x, double eps) {
@@ -152,6 +160,14 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   parallel::MatmulRecorder::record({batch, s_q, d, s_k, false, tp_share});  // Q K^T
   parallel::MatmulRecorder::record({batch, s_q, s_k, v.size(3), false, tp_share});  // P V
   return sdpa(q, k, v, std::nullopt, std::nullopt, chunk);
+}
+
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            int64_t tp_share, int64_t chunk) {
+  const int64_t batch = q.size(0) * q.size(1), s_q = q.size(2), s_k = k.size(2), d = q.size(3);
+  parallel::MatmulRecorder::record({batch, s_q, d, s_k, false, tp_share});  // Q K^T
+  parallel::MatmulRecorder::record({batch, s_q, s_k, v.size(3), false, tp_share});  // P V
+  return sdpa(q, k, v, mask, std::nullopt, chunk);
 }
 
 namespace {

@@ -26,6 +26,13 @@ namespace tprun::models::nn {
 // x * rsqrt(mean(x^2, -1) + eps) * weight in fp32 and casts back once.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+// diffusers' normalization.RMSNorm with a weight and no bias (what its
+// shared Attention class uses for qk_norm "rms_norm", and Qwen-Image's
+// txt_norm): r = x * rsqrt(mean(x^2 in fp32, -1) + eps) in fp32; a 16-bit
+// weight first rounds r to the weight's dtype and multiplies in it (two
+// roundings where torch's kernel above has one), an fp32 weight multiplies r.
+at::Tensor diffusers_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 // LayerNorm over the last dim without affine parameters.
 at::Tensor layer_norm(const at::Tensor& x, double eps);
 
@@ -95,6 +102,12 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 // so the totals do not depend on the chunk).
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t tp_share = 1,
                      int64_t chunk = 0);
+
+// attention() with a boolean key mask broadcast over heads and queries
+// (true = attend), e.g. [B, 1, 1, S_k]: a key whose entry is false gets no
+// weight (SDPA's boolean attn_mask). Same FLOP record and chunking.
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            int64_t tp_share = 1, int64_t chunk = 0);
 
 // The kernel libtorch's SDPA dispatches to for queries / keys of `head_dim`
 // in `dtype` on `device` ("cpu", "cuda:0"), with a boolean mask when

@@ -62,6 +62,36 @@ at::Tensor tiled_apply(const at::Tensor& x, const VaeTiles& t, const std::functi
   return at::cat(out_rows, 2);
 }
 
+at::Tensor tiled_apply_grid(const at::Tensor& x, const VaeTileGrid& g,
+                            const std::function<at::Tensor(const at::Tensor&)>& f) {
+  if (g.in_tile < 1 || g.in_stride < 1 || g.blend < 0 || g.crop < 1) {
+    throw ConfigError(fmt::format("VAE tiling: tiles of {} at steps of {} (blend {}, crop {}) are not usable",
+                                  g.in_tile, g.in_stride, g.blend, g.crop));
+  }
+  std::vector<std::vector<at::Tensor>> rows;
+  for (int64_t i = 0; i < x.size(2); i += g.in_stride) {
+    std::vector<at::Tensor> row;
+    for (int64_t j = 0; j < x.size(3); j += g.in_stride) {
+      const at::Tensor tile =
+          x.slice(2, i, std::min(i + g.in_tile, x.size(2))).slice(3, j, std::min(j + g.in_tile, x.size(3)));
+      row.push_back(f(tile.contiguous()).contiguous());
+    }
+    rows.push_back(std::move(row));
+  }
+  std::vector<at::Tensor> out_rows;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::vector<at::Tensor> out_row;
+    for (size_t j = 0; j < rows[i].size(); ++j) {
+      at::Tensor& tile = rows[i][j];
+      if (i > 0) blend(rows[i - 1][j], tile, 2, g.blend);
+      if (j > 0) blend(rows[i][j - 1], tile, 3, g.blend);
+      out_row.push_back(tile.slice(2, 0, std::min(g.crop, tile.size(2))).slice(3, 0, std::min(g.crop, tile.size(3))));
+    }
+    out_rows.push_back(at::cat(out_row, 3));
+  }
+  return at::cat(out_rows, 2);
+}
+
 at::Tensor sliced_apply(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& f) {
   if (x.size(0) <= 1) return f(x);
   std::vector<at::Tensor> parts;

@@ -38,6 +38,23 @@ bool needs_tiles(const at::Tensor& x, const VaeTiles& tiles);
 at::Tensor tiled_apply(const at::Tensor& x, const VaeTiles& tiles,
                        const std::function<at::Tensor(const at::Tensor&)>& f);
 
+// A tile grid given explicitly, as diffusers' AutoencoderKLQwenImage (and
+// AutoencoderKLWan) tile: input tiles of in_tile at steps of in_stride (the
+// last ones smaller); each output tile blended, in place and in diffusers'
+// order, into the one above and the one to its left over `blend` rows /
+// columns, cropped to its first `crop` rows / columns, the crops
+// concatenated. The caller crops the whole to the output size (with a crop
+// larger than the output stride the tiles' crops overlap, as diffusers'
+// do). ConfigError for a grid with no step or no crop.
+struct VaeTileGrid {
+  int64_t in_tile = 0;    // input tile side (> 0)
+  int64_t in_stride = 0;  // input step (> 0)
+  int64_t blend = 0;      // output rows / columns blended (>= 0)
+  int64_t crop = 0;       // output rows / columns kept per tile (> 0)
+};
+at::Tensor tiled_apply_grid(const at::Tensor& x, const VaeTileGrid& grid,
+                            const std::function<at::Tensor(const at::Tensor&)>& f);
+
 // f over x one image at a time (diffusers' enable_slicing), concatenated on
 // dim 0; a batch of one is f(x).
 at::Tensor sliced_apply(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& f);

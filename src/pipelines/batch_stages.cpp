@@ -41,7 +41,7 @@ at::Tensor stack_batch(const std::vector<at::Tensor>& tensors, const char* what)
 
 at::Tensor denoise(const TransformerCall& transformer, const FlowMatchEulerDiscreteScheduler& scheduler,
                    at::Tensor latents, models::TensorMap& inputs, models::TensorMap* negative_inputs,
-                   double cfg_scale, const StepCallback& on_step, StageTimes& times) {
+                   double cfg_scale, const StepCallback& on_step, StageTimes& times, CfgRescale rescale) {
   const auto& timesteps = scheduler.timesteps();
   const int64_t steps = static_cast<int64_t>(timesteps.size()), batch = latents.size(0);
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(latents.device());
@@ -55,7 +55,12 @@ at::Tensor denoise(const TransformerCall& transformer, const FlowMatchEulerDiscr
       (*negative_inputs)["hidden_states"] = latents;
       (*negative_inputs)["timestep"] = t;
       const at::Tensor neg = transformer(*negative_inputs);
-      noise = neg + cfg_scale * (noise - neg);
+      at::Tensor comb = neg + cfg_scale * (noise - neg);
+      if (rescale == CfgRescale::kCondNorm) {
+        // torch.norm(x, dim=-1, keepdim=True): the 2-norm over the channels.
+        comb = comb * (at::linalg_vector_norm(noise, 2, {-1}, true) / at::linalg_vector_norm(comb, 2, {-1}, true));
+      }
+      noise = comb;
     }
     latents = scheduler.step(noise, i, latents);
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();

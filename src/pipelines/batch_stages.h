@@ -29,13 +29,21 @@ at::Tensor stack_batch(const std::vector<at::Tensor>& tensors, const char* what)
 
 using TransformerCall = std::function<at::Tensor(const models::TensorMap& inputs)>;
 
+// How true CFG's combined prediction is finished. kNone: as it is (FLUX.1,
+// FLUX.2 klein). kCondNorm: rescaled per token to the conditional
+// prediction's L2 norm over the channels, comb * (|pos| / |comb|)
+// (QwenImagePipeline).
+enum class CfgRescale { kNone, kCondNorm };
+
 // The denoising loop over the scheduler's timesteps: `inputs` gets
 // hidden_states and timestep (t / 1000, batch-sized) each step. With
-// `negative_inputs` non-null, true CFG: neg + scale * (pos - neg). Appends
-// each step's seconds to times.step_s and calls on_step. Returns the final latents.
+// `negative_inputs` non-null, true CFG: neg + scale * (pos - neg), then
+// `rescale`. Appends each step's seconds to times.step_s and calls on_step.
+// Returns the final latents.
 at::Tensor denoise(const TransformerCall& transformer, const FlowMatchEulerDiscreteScheduler& scheduler,
                    at::Tensor latents, models::TensorMap& inputs, models::TensorMap* negative_inputs,
-                   double cfg_scale, const StepCallback& on_step, StageTimes& times);
+                   double cfg_scale, const StepCallback& on_step, StageTimes& times,
+                   CfgRescale rescale = CfgRescale::kNone);
 
 // One image's packed latents [1, tokens, C] -> the decoded image [1, 3, H, W]
 // in [-1, 1] (any float dtype).

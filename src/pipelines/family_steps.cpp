@@ -73,7 +73,7 @@ std::unique_ptr<models::AutoencoderKL> load_vae_decoder(const checkpoint::Pipeli
 void check_steps_and_guidance(const GenerationRequest& r) {
   if (*r.steps < 1) throw RequestError(fmt::format("steps must be at least 1, got {}", *r.steps), true);
   if (*r.steps > 10000) throw RequestError(fmt::format("steps {} is beyond the limit of 10000", *r.steps), true);
-  if (!std::isfinite(*r.guidance)) throw RequestError("guidance must be a finite number", true);
+  if (r.guidance && !std::isfinite(*r.guidance)) throw RequestError("guidance must be a finite number", true);
 }
 
 void check_max_sequence_length(const GenerationRequest& r, const std::string& cls, int64_t limit) {
@@ -85,11 +85,17 @@ void check_max_sequence_length(const GenerationRequest& r, const std::string& cl
 }
 
 void check_batch_fits(const Pipeline& pipeline, const std::vector<GenerationRequest>& prepared, MemoryModel model,
-                      const PipelineRuntime& rt, const models::AutoencoderKL* vae) {
+                      const PipelineRuntime& rt, const VaeShape* vae) {
   model.tp_size = rt.tp.size;
   model.weights_bytes = rt.bytes;
   fill_runtime(model, rt.device.str(), rt.dtype_name, vae);
   check_batch_memory(model, batch_shape(pipeline, prepared), rt.tp, rt.device.str());
+}
+
+void check_batch_fits(const Pipeline& pipeline, const std::vector<GenerationRequest>& prepared, MemoryModel model,
+                      const PipelineRuntime& rt, const models::AutoencoderKL* vae) {
+  const VaeShape shape = vae ? vae_shape(*vae, rt.device.str()) : VaeShape{};
+  check_batch_fits(pipeline, prepared, std::move(model), rt, vae ? &shape : nullptr);
 }
 
 at::Tensor batch_latents(const std::vector<GenerationRequest>& prepared, const PipelineRuntime& rt,

@@ -4,6 +4,7 @@
 // around their own encoders, latents and conditioning:
 //   need_component           a model_index.json component, or an error naming the pipeline
 //   PipelineRuntime          where and how a pipeline runs (folder, dtype, device, TP group)
+//   RuntimePipeline          the Pipeline accessors answered from a PipelineRuntime
 //   check_packed_channels    transformer in_channels = 4 x the VAE's latent channels
 //   load_vae_decoder         the VAE's decoder on the ranks that decode
 //   check_steps_and_guidance / check_max_sequence_length   request checks
@@ -66,6 +67,20 @@ struct PipelineRuntime {
   void need_denoiser(const char* call) const;
 };
 
+// The Pipeline accessors every family answers alike from its runtime
+// (folder, dtype, weight bytes, the prompt cache); the family's pipeline
+// derives from this and returns its Impl (a PipelineRuntime) from runtime().
+class RuntimePipeline : public Pipeline {
+ public:
+  const std::string& folder() const override { return runtime().folder; }
+  const std::string& dtype() const override { return runtime().dtype_name; }
+  uint64_t bytes_loaded() const override { return runtime().bytes; }
+  PromptCacheStats prompt_cache_stats() const override { return runtime().cache->stats(); }
+
+ protected:
+  virtual const PipelineRuntime& runtime() const = 0;
+};
+
 // CheckpointError (naming both files) unless the transformer's in_channels
 // is 4 x the VAE's latent channels: 2x2 patches packed into the channels.
 void check_packed_channels(int64_t in_channels, const std::string& transformer_config, int64_t latent_channels,
@@ -77,8 +92,8 @@ std::unique_ptr<models::AutoencoderKL> load_vae_decoder(const checkpoint::Pipeli
                                                         const nlohmann::json& config, const std::string& config_path,
                                                         const PipelineOptions& options, PipelineRuntime& rt);
 
-// RequestError unless steps is in [1, 10000] and guidance is finite (`r`
-// with defaults applied).
+// RequestError unless steps is in [1, 10000] and guidance, where set, is
+// finite (`r` with defaults applied; QwenImagePipeline has no default guidance).
 void check_steps_and_guidance(const GenerationRequest& r);
 // RequestError unless max_sequence_length is in [1, limit] (`cls`'s limit).
 void check_max_sequence_length(const GenerationRequest& r, const std::string& cls, int64_t limit);
@@ -87,6 +102,9 @@ void check_max_sequence_length(const GenerationRequest& r, const std::string& cl
 // transformer shape, attention_chunk, text_hidden); the runtime's part
 // (TP size, weights, dtype, device, VAE) is filled here. Decided alike on
 // every rank of the TP group (request_memory.h).
+void check_batch_fits(const Pipeline& pipeline, const std::vector<GenerationRequest>& prepared, MemoryModel model,
+                      const PipelineRuntime& rt, const VaeShape* vae);
+// The same with an AutoencoderKL's shape (null: this rank does not decode).
 void check_batch_fits(const Pipeline& pipeline, const std::vector<GenerationRequest>& prepared, MemoryModel model,
                       const PipelineRuntime& rt, const models::AutoencoderKL* vae);
 

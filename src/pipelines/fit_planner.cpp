@@ -93,7 +93,7 @@ MemoryModel rank_model(const PipelineLayout& l, const FitQuery& q, const std::st
   m.pipeline = l.cls;
   m.transformer = l.transformer;
   m.tp_size = tp;
-  fill_runtime(m, device, q.options.dtype, nullptr);
+  fill_runtime(m, device, q.options.dtype, static_cast<const VaeShape*>(nullptr));
   if (q.threads > 0) m.threads = q.threads;
   m.attention_chunk = q.options.component_base.memory.attention_chunk;
   m.text_hidden = encodes ? l.text_hidden : 0;

@@ -416,13 +416,10 @@ std::vector<int64_t> Flux2Pipeline::latent_shape(int64_t height, int64_t width) 
   return {image_seq_len(height, width, impl_->vae_scale_factor), impl_->in_channels};
 }
 bool Flux2Pipeline::decodes() const { return impl_->vae != nullptr; }
-const std::string& Flux2Pipeline::folder() const { return impl_->folder; }
-const std::string& Flux2Pipeline::dtype() const { return impl_->dtype_name; }
-uint64_t Flux2Pipeline::bytes_loaded() const { return impl_->bytes; }
 int64_t Flux2Pipeline::transformer_all_reduces() const {
   return impl_->transformer ? impl_->transformer->all_reduces_per_forward() : 0;
 }
-PromptCacheStats Flux2Pipeline::prompt_cache_stats() const { return impl_->cache->stats(); }
+const PipelineRuntime& Flux2Pipeline::runtime() const { return *impl_; }
 
 TPRUN_REGISTER_PIPELINE(Flux2Pipeline);
 TPRUN_REGISTER_PIPELINE_AS(Flux2Pipeline::kKleinClass, Flux2Pipeline);

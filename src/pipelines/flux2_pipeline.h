@@ -37,11 +37,12 @@
 #include <vector>
 
 #include "models/tensor_map.h"
+#include "pipelines/family_steps.h"
 #include "pipelines/pipeline.h"
 
 namespace tprun::pipelines {
 
-class Flux2Pipeline final : public Pipeline {
+class Flux2Pipeline final : public RuntimePipeline {
  public:
   static constexpr const char* kClass = "Flux2Pipeline";            // FLUX.2 [dev]
   static constexpr const char* kKleinClass = "Flux2KleinPipeline";  // FLUX.2 [klein]
@@ -71,11 +72,7 @@ class Flux2Pipeline final : public Pipeline {
   std::vector<int64_t> latent_shape(int64_t height, int64_t width) const override;
 
   bool decodes() const override;
-  const std::string& folder() const override;
-  const std::string& dtype() const override;
-  uint64_t bytes_loaded() const override;
   int64_t transformer_all_reduces() const override;
-  PromptCacheStats prompt_cache_stats() const override;
 
   // Staged phases: the prompt's encode gives prompt_embeds; klein's negative
   // prompt's (true CFG; "" unless given) gives negative_prompt_embeds; dev
@@ -93,6 +90,9 @@ class Flux2Pipeline final : public Pipeline {
   bool true_cfg(double guidance) const;
 
   struct Impl;
+
+ protected:
+  const PipelineRuntime& runtime() const override;
 
  private:
   std::shared_ptr<const Impl> impl_;

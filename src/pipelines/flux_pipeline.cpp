@@ -427,13 +427,10 @@ std::vector<int64_t> FluxPipeline::latent_shape(int64_t height, int64_t width) c
 }
 bool FluxPipeline::has_guidance_embeds() const { return impl_->flux.guidance; }
 bool FluxPipeline::decodes() const { return impl_->vae != nullptr; }
-const std::string& FluxPipeline::folder() const { return impl_->folder; }
-const std::string& FluxPipeline::dtype() const { return impl_->dtype_name; }
-uint64_t FluxPipeline::bytes_loaded() const { return impl_->bytes; }
 int64_t FluxPipeline::transformer_all_reduces() const {
   return impl_->transformer ? impl_->transformer->all_reduces_per_forward() : 0;
 }
-PromptCacheStats FluxPipeline::prompt_cache_stats() const { return impl_->cache->stats(); }
+const PipelineRuntime& FluxPipeline::runtime() const { return *impl_; }
 
 TPRUN_REGISTER_PIPELINE(FluxPipeline);
 

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "models/tensor_map.h"
+#include "pipelines/family_steps.h"
 #include "pipelines/pipeline.h"
 
 namespace tprun::pipelines {
@@ -41,7 +42,7 @@ namespace tprun::pipelines {
 // prompt_embeds + pooled_prompt_embeds (then `prompt` is not encoded),
 // negative_prompt_embeds + negative_pooled_prompt_embeds, latents (packed
 // [1, N, 4C] initial noise; then the seed is not used).
-class FluxPipeline final : public Pipeline {
+class FluxPipeline final : public RuntimePipeline {
  public:
   static constexpr const char* kClass = "FluxPipeline";
 
@@ -74,11 +75,7 @@ class FluxPipeline final : public Pipeline {
   std::vector<int64_t> latent_shape(int64_t height, int64_t width) const override;
 
   bool decodes() const override;
-  const std::string& folder() const override;
-  const std::string& dtype() const override;
-  uint64_t bytes_loaded() const override;
   int64_t transformer_all_reduces() const override;
-  PromptCacheStats prompt_cache_stats() const override;
 
   // Staged phases: the prompt's encode gives prompt_embeds and
   // pooled_prompt_embeds; the negative prompt's (true CFG) gives
@@ -99,6 +96,9 @@ class FluxPipeline final : public Pipeline {
   bool has_guidance_embeds() const;
 
   struct Impl;
+
+ protected:
+  const PipelineRuntime& runtime() const override;
 
  private:
   std::shared_ptr<const Impl> impl_;

@@ -119,8 +119,7 @@ MemoryEstimate estimate_request_memory(const MemoryModel& m, const RequestShape&
   return e;
 }
 
-void fill_runtime(MemoryModel& m, const std::string& device, const std::string& dtype,
-                  const models::AutoencoderKL* vae) {
+void fill_runtime(MemoryModel& m, const std::string& device, const std::string& dtype, const VaeShape* vae) {
   const c10::ScalarType st = checkpoint::parse_compute_dtype(dtype, "dtype");
   m.elem_bytes = static_cast<int64_t>(c10::elementSize(st));
   const auto& t = m.transformer;
@@ -129,18 +128,23 @@ void fill_runtime(MemoryModel& m, const std::string& device, const std::string& 
   m.scores_materialised = m.attention_backend.find("math") != std::string::npos;
   m.threads = at::get_num_threads();
   m.decodes = vae != nullptr;
-  if (!vae) return;
-  const auto& c = vae->config();
+  if (vae) m.vae = *vae;
+}
+
+VaeShape vae_shape(const models::AutoencoderKL& vae, const std::string& device) {
+  VaeShape s;
+  const auto& c = vae.config();
   const auto& enc = c.decoder_block_out_channels.empty() ? c.block_out_channels : c.decoder_block_out_channels;
-  m.vae.decoder_channels.assign(enc.rbegin(), enc.rend());
-  m.vae.latent_channels = c.latent_channels;
-  m.vae.scale_factor = c.scale_factor();
-  const c10::ScalarType vst = checkpoint::parse_compute_dtype(vae->compute_dtype(), "vae dtype");
-  m.vae.elem_bytes = static_cast<int64_t>(c10::elementSize(vst));
+  s.decoder_channels.assign(enc.rbegin(), enc.rend());
+  s.latent_channels = c.latent_channels;
+  s.scale_factor = c.scale_factor();
+  const c10::ScalarType vst = checkpoint::parse_compute_dtype(vae.compute_dtype(), "vae dtype");
+  s.elem_bytes = static_cast<int64_t>(c10::elementSize(vst));
   const std::string vb = models::nn::sdpa_backend(device, vst, 1, enc.empty() ? 64 : enc.back(), false);
-  m.vae.scores_materialised = vb.find("math") != std::string::npos;
-  m.vae.tiling = vae->tiling();
-  m.vae.tile_sample = vae->tile_sample_size();
+  s.scores_materialised = vb.find("math") != std::string::npos;
+  s.tiling = vae.tiling();
+  s.tile_sample = vae.tile_sample_size();
+  return s;
 }
 
 RequestShape batch_shape(const Pipeline& pipeline, const std::vector<GenerationRequest>& rs) {

@@ -89,10 +89,13 @@ MemoryEstimate estimate_request_memory(const MemoryModel& model, const RequestSh
 
 // What every family fills alike: the compute dtype's bytes ("fp32" | "bf16" |
 // "fp16"), the attention backend libtorch picks on `device` for the
-// transformer's heads, this rank's threads, and the VAE's shape and
-// options (null `vae`: this rank does not decode). model.transformer first.
-void fill_runtime(MemoryModel& model, const std::string& device, const std::string& dtype,
-                  const models::AutoencoderKL* vae);
+// transformer's heads, this rank's threads, and the VAE's shape (null `vae`:
+// this rank does not decode). model.transformer first.
+void fill_runtime(MemoryModel& model, const std::string& device, const std::string& dtype, const VaeShape* vae);
+
+// An AutoencoderKL's shape and options for the estimate: its decoder's
+// levels, dtype, attention backend on `device`, tiling.
+VaeShape vae_shape(const models::AutoencoderKL& vae, const std::string& device);
 
 // The shape of a prepared batch (prepare_batch): its size, the image tokens
 // of its height x width, the text tokens (given prompt_embeds, else

@@ -2,7 +2,8 @@
 // builds, tokenizer.json's normalizer / pre_tokenizer / model /
 // post_processor, the pad token and sides, the chat templates; the added
 // tokens in hf_tokenizer_added_tokens.cpp. See hf_tokenizer.h for what is
-// accepted.
+// accepted; a folder without tokenizer.json is read from vocab.json +
+// merges.txt as Qwen2Tokenizer builds it (hf_vocab_merges.h).
 
 #include <algorithm>
 #include <filesystem>
@@ -14,6 +15,7 @@
 
 #include "checkpoint/strict_json.h"
 #include "text/hf_tokenizer_impl.h"
+#include "text/hf_vocab_merges.h"
 #include "runtime/error.h"
 
 namespace tprun::text {
@@ -249,15 +251,18 @@ std::string processor_class_of(const fs::path& root, const json& tokenizer_confi
 
 // ---- load_hf_tokenizer's steps ---------------------------------------------------
 
-// tokenizer.json (required, bounded), tokenizer_config.json and special_tokens_map.json.
+// tokenizer.json (bounded), tokenizer_config.json and special_tokens_map.json;
+// without tokenizer.json, vocab.json + merges.txt (hf_vocab_merges.h).
 HfFolderFiles read_folder_files(const fs::path& root) {
   HfFolderFiles files;
   const fs::path tok_path = root / "tokenizer.json";
   files.tokenizer_file = tok_path.string();
-  if (!fs::is_regular_file(tok_path))
-    throw CheckpointError(fmt::format("{}: missing; tprun reads the tokenizers library's tokenizer.json "
-                                      "(vocab.json / merges.txt / tekken.json alone are not supported)",
+  if (!fs::is_regular_file(tok_path)) {
+    if (has_vocab_merges_files(root)) return read_vocab_merges_folder(root);
+    throw CheckpointError(fmt::format("{}: missing; tprun reads the tokenizers library's tokenizer.json, or "
+                                      "vocab.json + merges.txt of a Qwen2Tokenizer (tekken.json alone is not supported)",
                                       files.tokenizer_file));
+  }
   files.tokenizer_json = read_bounded_json(tok_path, "tokenizer.json");
   if (!files.tokenizer_json.is_object()) bad_field(files.tokenizer_file, "(top level)", "is not a JSON object");
   files.config_file = (root / "tokenizer_config.json").string();
@@ -370,7 +375,9 @@ std::shared_ptr<HfTokenizer::Impl> load_hf_tokenizer(const std::string& folder, 
   const fs::path root(folder);
   if (!fs::is_directory(root)) throw CheckpointError(fmt::format("{}: tokenizer folder not found", folder));
   const HfFolderFiles files = read_folder_files(root);
-  const bool qwen2 = transformers_class_of(root, folder, transformers_class, files) == "Qwen2Tokenizer";
+  const std::string cls = transformers_class_of(root, folder, transformers_class, files);
+  if (files.tokenizer_file != (root / "tokenizer.json").string()) check_vocab_merges_class(files, cls);
+  const bool qwen2 = cls == "Qwen2Tokenizer";
   auto impl = std::make_shared<HfTokenizer::Impl>();
   impl->folder = folder;
   impl->tokenizer_file = files.tokenizer_file;

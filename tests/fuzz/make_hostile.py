@@ -135,6 +135,16 @@ MISTRAL3 = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type":
                             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
                             "num_hidden_layers": 1, "vocab_size": 128}}
 
+QWEN_IMAGE = {"_class_name": "QwenImageTransformer2DModel", "num_layers": 1, "num_attention_heads": 2,
+              "attention_head_dim": 32, "in_channels": 16, "out_channels": 4, "joint_attention_dim": 32,
+              "axes_dims_rope": [8, 12, 12]}
+# The hub's flat (transformers 4.x) layout of Qwen-Image's text encoder config.
+QWEN2_5_VL = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl", "hidden_size": 32,
+              "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+              "vocab_size": 128, "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}}
+QWEN_VAE = {"_class_name": "AutoencoderKLQwenImage", "base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2],
+            "num_res_blocks": 1}
+
 
 def with_(config, **changes):
     out = json.loads(json.dumps(config))
@@ -172,6 +182,15 @@ CONFIG_CASES = {
     "config_mistral3_layers_2e9": (with_(MISTRAL3, text_config__num_hidden_layers=2000000000),
                                    ["language_model.model.layers.0.mlp.up_proj.weight"],
                                    "num_hidden_layers' is 2000000000 but"),
+    "config_qwen_image_layers_1000": (with_(QWEN_IMAGE, num_layers=1000),
+                                      ["transformer_blocks.0.attn.to_q.weight", "img_in.weight"],
+                                      "num_layers' is 1000 but"),
+    "config_qwen2_5_vl_layers_2e9": (with_(QWEN2_5_VL, num_hidden_layers=2000000000),
+                                     ["model.layers.0.mlp.up_proj.weight"], "num_hidden_layers' is 2000000000 but"),
+    "config_qwen_vae_res_blocks_60": (with_(QWEN_VAE, num_res_blocks=60),
+                                      ["decoder.up_blocks.0.resnets.0.residual.0.gamma",
+                                       "decoder.up_blocks.0.resnets.1.residual.0.gamma"],
+                                      "num_res_blocks' is 60 but"),
 }
 
 

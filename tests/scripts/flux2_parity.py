@@ -51,14 +51,10 @@ Cases (one ctest entry each; `flux2_parity.py TPRUN MPIRUN [CASE ...]`, all when
               in ff.linear_in and, with no double blocks, in to_qkv_mlp_proj); a checkpoint
               tensor of the wrong shape (rewritten with safetensors' API).
 """
-import fnmatch
-import inspect
 import json
 import math
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,6 +62,10 @@ import time
 import torch
 from diffusers import Flux2Transformer2DModel
 from safetensors.torch import load_file, save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import transformer_parity as parity  # noqa: E402  (shared runs and checks)
+from transformer_parity import check, compare, expect_refusal, tprun_forward, tprun_inspect  # noqa: E402
 
 SMALL_TOL = 1e-4
 WIDE_REL_TOL = 5e-5
@@ -89,38 +89,14 @@ BF16_CONFIG = dict(KLEIN_SMALL, num_layers=1, num_single_layers=2)
 PACKED_CONFIG = dict(num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=4, in_channels=8,
                      joint_attention_dim=24, mlp_ratio=3.0, axes_dims_rope=(4, 4, 4, 4), guidance_embeds=False)
 
-TPRUN = MPIRUN = None
-FAILURES = []
-
-
-def check(ok, msg):
-    print(f"{'ok  ' if ok else 'FAIL'} {msg}", flush=True)
-    if not ok:
-        FAILURES.append(msg)
-    return ok
-
-
 # ---------------------------------------------------------------------------------------------
 # models, inputs, runs
 
 
 def build_model(cfg, seed, init=True):
-    """diffusers' class with every parameter redrawn from a seeded generator (fp32, CPU)."""
-    with torch.device("meta"):  # skip diffusers' default init (slow at 3072 width)
-        model = Flux2Transformer2DModel(**cfg)
-    model = model.to_empty(device="cpu")
-    assert not list(model.buffers()), "unexpected buffers (would stay uninitialised)"
-    if init:
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.ndim >= 2:
-                    std = min(max(1.0 / math.sqrt(p.shape[1]), 0.02), 0.2)
-                    p.copy_(torch.randn(p.shape, generator=g) * std)
-                else:  # RMSNorm weights (norm_q/k, norm_added_q/k); there are no biases
-                    assert not name.endswith(".bias"), name
-                    p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
-    return model.eval()
+    """diffusers' class with every parameter redrawn from a seeded generator (fp32, CPU). The 1-d
+    parameters are RMSNorm weights (norm_q/k, norm_added_q/k); there are no biases."""
+    return parity.build_model(Flux2Transformer2DModel, cfg, seed, init)
 
 
 def latent_ids(h, w):
@@ -159,59 +135,15 @@ def diffusers_forward(model, inputs, dtype=torch.float32):
         return model(**args, return_dict=False)[0].float()
 
 
-def mpirun(np_, *args, timeout=180):
-    cmd = [MPIRUN, "--oversubscribe", "-np", str(np_), TPRUN, *args, "--log-dir", ""]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout}s (hang?)"
-    return r.returncode, r.stdout + r.stderr
-
-
-def tprun_forward(model_dir, inputs_path, out_path, tp, dtype="fp32", timeout=180, extra=()):
-    rc, out = mpirun(tp, "forward", "--model", model_dir, "--inputs", inputs_path, "--out", out_path,
-                     "--tp", str(tp), "--dtype", dtype, *extra, timeout=timeout)
-    if rc != 0:
-        return None, f"exit {rc}: {(out or '')[-2000:]}"
-    return load_file(out_path)["sample"].float(), None
-
-
-class Work:
-    """A model saved in a temporary folder with its inputs and diffusers' output."""
+class Work(parity.Work):
+    """A FLUX.2 model saved in a temporary folder with its inputs and diffusers' output."""
 
     def __init__(self, name, cfg, seed, grid=(8, 8), txt=8, batched_int_ids=False, batch=1, dtype=torch.float32):
-        self.name, self.cfg = name, cfg
-        self.dir = tempfile.mkdtemp(prefix=f"tprun_flux2_{name}_")
-        self.model = build_model(cfg, seed)
-        self.model_dir = os.path.join(self.dir, "model")
-        self.model.save_pretrained(self.model_dir)
-        self.inputs = make_inputs(cfg, grid, txt, seed, batched_int_ids, batch)
-        self.inputs_path = os.path.join(self.dir, "inputs.safetensors")
-        save_file(self.inputs, self.inputs_path)
-        if dtype != torch.float32:
-            self.model = self.model.to(dtype)
-        self.expected = diffusers_forward(self.model, self.inputs, dtype)
+        super().__init__("tprun_flux2", name, cfg, seed, build_model,
+                         lambda: make_inputs(cfg, grid, txt, seed, batched_int_ids, batch), diffusers_forward, dtype)
         p = cfg.get("patch_size", 1)
         out_ch = cfg.get("out_channels") or cfg["in_channels"]
         assert self.expected.shape == (batch, self.inputs["hidden_states"].shape[1], p * p * out_ch)
-
-    def out(self, tag):
-        return os.path.join(self.dir, f"out_{tag}.safetensors")
-
-    def close(self):
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def compare(label, sample, expected, tol, err):
-    if err is not None:
-        return check(False, f"{label}: tprun forward {err}")
-    if sample.shape != expected.shape:
-        return check(False, f"{label}: shape {list(sample.shape)} vs diffusers {list(expected.shape)}")
-    diff = (sample - expected).abs()
-    dmax = diff.max().item()
-    return check(math.isfinite(dmax) and dmax <= tol,
-                 f"{label}: max abs diff {dmax:.3g}, mean {diff.mean().item():.3g} (tolerance {tol:.3g}; "
-                 f"max|sample| {expected.abs().max().item():.3g})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,13 +152,6 @@ def compare(label, sample, expected, tol, err):
 
 def packed_blocks_of(module):
     return getattr(module, "_tp_packed_col_blocks", None) or getattr(module, "_tp_packed_row_blocks", None)
-
-
-def diffusers_plan_entry(module_name):
-    for key, style in Flux2Transformer2DModel._tp_plan.items():
-        if fnmatch.fnmatchcase(module_name, key.replace("*", "[0-9]*")):
-            return key, style
-    return None, None
 
 
 def style_name(style):
@@ -250,8 +175,7 @@ def case_table():
         try:
             # Shapes and names are all `inspect` reads: bf16 halves the bytes written at full width.
             (model.to(torch.bfloat16) if cfg.get("attention_head_dim", 128) >= 128 else model).save_pretrained(d)
-            r = subprocess.run([TPRUN, "inspect", d, "--json", "--tp", "2"], capture_output=True, text=True,
-                               timeout=120)
+            r = tprun_inspect(d)
             if not check(r.returncode == 0, f"table {name}: tprun inspect exit {r.returncode} {r.stderr[-500:]}"):
                 continue
             comp = json.loads(r.stdout)["components"][0]
@@ -265,7 +189,7 @@ def case_table():
                 if tname not in ours:
                     continue
                 module, _leaf = tname.rsplit(".", 1)
-                key, style = diffusers_plan_entry(module)
+                key, style = parity.plan_entry(Flux2Transformer2DModel._tp_plan, module)
                 expected = "replicated" if style is None else style_name(style)
                 t = ours[tname]
                 if t["shape"] != shape or t["plan"] != expected or (key and t.get("plan_key") != key):
@@ -302,18 +226,7 @@ def case_table():
                             f"(inner {inner}, mlp {mlp}) match diffusers")
             # The same table from a config.json that leaves out every field equal to
             # diffusers' __init__ default (tprun's defaults must be diffusers').
-            cfg_path = os.path.join(d, "config.json")
-            full = json.load(open(cfg_path))
-            defaults = {k: p.default for k, p in inspect.signature(Flux2Transformer2DModel.__init__).parameters.items()
-                        if p.default is not inspect.Parameter.empty}
-            stripped = {k: v for k, v in full.items()
-                        if k not in defaults or json.loads(json.dumps(defaults[k])) != v}
-            json.dump(stripped, open(cfg_path, "w"))
-            r2 = subprocess.run([TPRUN, "inspect", d, "--json", "--tp", "2"], capture_output=True, text=True,
-                                timeout=120)
-            same = r2.returncode == 0 and json.loads(r2.stdout)["components"][0]["tensors"] == comp["tensors"]
-            check(same, f"table {name}: config.json without the default-valued fields "
-                        f"{sorted(set(full) - set(stripped))} gives the same table ({r2.stderr[-300:]})")
+            parity.check_defaults_stripped(name, d, Flux2Transformer2DModel, comp["tensors"])
         finally:
             shutil.rmtree(d, ignore_errors=True)
         del model
@@ -435,31 +348,10 @@ def case_allreduce():
     cfg = KLEIN_SMALL
     w = Work("allreduce", cfg, seed=50)
     try:
-        want = 2 * cfg["num_layers"] + cfg["num_single_layers"]
-        for extra, plan in (((), want), (("--shard-modulation",), want + 1)):
-            rc, out = mpirun(2, "verify", "--model", w.model_dir, "--tp", "2", *extra)
-            m = re.search(r"all_reduce calls per forward: (\d+) \(plan: (\d+)\)", out or "")
-            label = f"allreduce verify tp 2 {' '.join(extra)}".rstrip()
-            if not check(rc == 0 and m is not None, f"{label}: exit {rc}; {(out or '')[-1500:] if rc else ''}"):
-                continue
-            n, p = int(m.group(1)), int(m.group(2))
-            check(n == p == plan, f"{label}: {n} AllReduces per forward (plan {p}; expected "
-                                  f"2 * {cfg['num_layers']} + {cfg['num_single_layers']}"
-                                  f"{' + 1' if extra else ''} = {plan})")
+        parity.check_allreduce_count(w.model_dir, 2 * cfg["num_layers"] + cfg["num_single_layers"],
+                                     f"2 * {cfg['num_layers']} + {cfg['num_single_layers']}")
     finally:
         w.close()
-
-
-def expect_refusal(label, np_, args, patterns):
-    rc, out = mpirun(np_, *args, timeout=90)
-    if rc is None:
-        check(False, f"{label}: {out}")
-        return
-    lines = [ln for ln in out.splitlines() if all(p in ln for p in patterns)]
-    ranks = {m.group(1) for ln in lines for m in [re.search(r"\[r(\d+)/", ln)] if m}
-    check(rc != 0 and len(ranks) == np_,
-          f"{label}: exit {rc}, message on ranks {sorted(ranks)} of {np_}: "
-          f"{lines[0].strip() if lines else out[-800:]}")
 
 
 def case_validation():
@@ -491,16 +383,8 @@ def case_validation():
                        ["single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight", "packed block", "97"])
         # A tensor of the wrong shape, rewritten with safetensors' API.
         d, ins = saved("wrong_shape", small, 63)
-        f = os.path.join(d, "diffusion_pytorch_model.safetensors")
-        state = load_file(f)
-        name = "single_transformer_blocks.0.attn.to_out.weight"
-        good = list(state[name].shape)
-        state[name] = state[name][:, :-2].contiguous()
-        save_file(state, f, metadata={"format": "pt"})
-        bad = list(state[name].shape)
-        fmt_shape = lambda s: "[" + ", ".join(map(str, s)) + "]"
-        expect_refusal("validation wrong shape", 2, forward_args(d, ins, 2),
-                       [name, fmt_shape(good), fmt_shape(bad)])
+        parity.expect_wrong_shape_refused(d, forward_args(d, ins, 2),
+                                          "single_transformer_blocks.0.attn.to_out.weight")
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -509,19 +393,5 @@ CASES = {"table": case_table, "forward": case_forward, "wide": case_wide, "bf16"
          "packed": case_packed, "allreduce": case_allreduce, "validation": case_validation}
 
 
-def main():
-    global TPRUN, MPIRUN
-    TPRUN, MPIRUN = sys.argv[1], sys.argv[2]
-    names = sys.argv[3:] or list(CASES)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    t_start = time.time()
-    for name in names:
-        t0 = time.time()
-        CASES[name]()
-        print(f"  [{name}] {time.time() - t0:.1f}s", flush=True)
-    print(f"{'FAILED' if FAILURES else 'OK'}: {len(FAILURES)} failures ({time.time() - t_start:.1f}s)")
-    return 1 if FAILURES else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(parity.main(CASES))

@@ -17,7 +17,8 @@ Cases (one ctest entry each; `flux2_pipeline_parity.py TPRUN MPIRUN CASE`):
             .encode(...).latent_dist (mean, std) on the init-model folder, within 1e-4.
   errors    refused on every rank before any weight byte, no hang: a tokenizer folder whose chat
             template tprun does not know, a text encoder whose KV heads tp does not divide (2 KV heads
-            at tp 4), a folder without tokenizer.json.
+            at tp 4), a folder with neither tokenizer.json nor vocab.json (without tokenizer.json alone the
+            vocab.json + merges.txt layout gives the same ids).
   job       `tprun run jobs/flux2-klein-demo.toml` at dp 2 x tp 2 (batch_size 1): every request done, the summary
             counts the encodes the prompt cache saved, a request's PNG equals `tprun generate` of the
             same prompt and seed at tp 2 (cache hit vs fresh encode: identical bytes), a rerun runs
@@ -197,10 +198,21 @@ def case_errors(work):
         json.dump(cfg, open(cfg_path, "w"), indent=2)
     expect_refusal("unknown chat template", bad, 2, "is not one tprun knows", 4)
     expect_refusal("KV heads tp does not divide", d, 4, "does not divide num_key_value_heads 2", 3)
+    # Without tokenizer.json the folder's vocab.json + merges.txt are read, as transformers builds
+    # Qwen2TokenizerFast from them: the same ids. Without those too, a refusal naming the files.
     missing = os.path.join(work, "no-tokenizer-json")
     shutil.copytree(d, missing)
     os.remove(os.path.join(missing, "tokenizer", "tokenizer.json"))
-    expect_refusal("missing tokenizer.json", missing, 2, "tokenizer.json", 4)
+
+    def ids(folder):
+        r = subprocess.run([H.tprun, "tokenize", "--model", folder, "--prompt", PROMPT, "--max-sequence-length", "64",
+                            "--json"], capture_output=True, text=True)
+        return json.loads(r.stdout)["tokenizer"] if r.returncode == 0 else r.stderr[-500:]
+    want, got = ids(d), ids(missing)
+    H.check(isinstance(got, list) and got == want,
+            f"no tokenizer.json: vocab.json + merges.txt give the same ids ({got if not isinstance(got, list) else len(got)})")
+    os.remove(os.path.join(missing, "tokenizer", "vocab.json"))
+    expect_refusal("missing tokenizer.json and vocab.json", missing, 2, "tokenizer.json", 4)
 
 
 def case_job(work):

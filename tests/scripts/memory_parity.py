@@ -14,7 +14,7 @@ Cases (one ctest entry each; `memory_parity.py TPRUN MPIRUN CASE`):
                tp 1 and 2.
   layerwise_casting
                --memory 'layerwise_casting={storage="float8_e4m3fn"}' (and float8_e5m2) on init-model
-               FLUX.1 and FLUX.2 transformers and the FLUX.1 VAE decoder vs diffusers'
+               FLUX.1, FLUX.2 and Qwen-Image transformers and the FLUX.1 VAE decoder vs diffusers'
                enable_layerwise_casting(storage_dtype, compute_dtype=torch.float32) on the same
                weights and inputs: within 1e-5; the same layers cast (tprun's stored weight bytes
                equal the bytes of diffusers' parameters after enabling, fp8 ones at 1 byte); the
@@ -185,10 +185,10 @@ def case_attention(work):
 
 
 def diffusers_model(folder, arch, comp):
-    from diffusers import FluxTransformer2DModel, Flux2Transformer2DModel
+    from diffusers import FluxTransformer2DModel, Flux2Transformer2DModel, QwenImageTransformer2DModel
     if comp == "vae_decoder":
         return vae_class(folder).from_pretrained(os.path.join(folder, "vae")).eval()
-    cls = FluxTransformer2DModel if arch == "flux" else Flux2Transformer2DModel
+    cls = {"flux": FluxTransformer2DModel, "qwen-image": QwenImageTransformer2DModel}.get(arch, Flux2Transformer2DModel)
     return cls.from_pretrained(os.path.join(folder, "transformer")).eval()
 
 
@@ -196,6 +196,8 @@ def diffusers_run(model, comp, inputs):
     with torch.no_grad():
         if comp == "vae_decoder":
             return model.decode(inputs["latents"]).sample
+        if "img_shapes" in inputs:  # diffusers takes Qwen-Image's img_shapes as [[(frames, h, w)]] per sample
+            inputs = dict(inputs, img_shapes=[[tuple(int(v) for v in row)] for row in inputs["img_shapes"]])
         return model(**inputs, return_dict=False)[0]
 
 
@@ -227,7 +229,8 @@ def forward_log(work, folder, comp, inputs, tag, memory=(), np_=1):
 
 
 def case_layerwise_casting(work):
-    cases = [("flux", "transformer"), ("flux2-klein", "transformer"), ("flux", "vae_decoder")]
+    cases = [("flux", "transformer"), ("flux2-klein", "transformer"), ("qwen-image", "transformer"),
+             ("flux", "vae_decoder")]
     folders = {}
     for arch, comp in cases:
         if arch not in folders:

@@ -102,7 +102,8 @@ class Harness:
 
 
 def transformer_inputs(folder, arch):
-    """Inputs of a small FLUX.1 ("flux") or FLUX.2 transformer forward for `folder`'s config (fixed seed)."""
+    """Inputs of a small FLUX.1 ("flux"), FLUX.2 or Qwen-Image ("qwen-image") transformer forward for
+    `folder`'s config (fixed seed)."""
     import torch
     cfg = json.load(open(os.path.join(folder, "transformer", "config.json")))
     g = torch.Generator().manual_seed(11)
@@ -112,6 +113,10 @@ def transformer_inputs(folder, arch):
         "encoder_hidden_states": torch.randn(1, txt, cfg["joint_attention_dim"], generator=g),
         "timestep": torch.tensor([0.7]),
     }
+    if arch == "qwen-image":  # QwenImagePipeline's inputs: a text mask (2 padded tokens), img_shapes (1, h, w)
+        inputs["encoder_hidden_states_mask"] = torch.tensor([[1] * (txt - 2) + [0, 0]])
+        inputs["img_shapes"] = torch.tensor([[1, h, w]], dtype=torch.int64)
+        return {k: v.contiguous() for k, v in inputs.items()}
     if arch == "flux":
         img_ids = torch.zeros(h, w, 3)
         img_ids[..., 1] = torch.arange(h)[:, None]

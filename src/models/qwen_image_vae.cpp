@@ -1,0 +1,453 @@
+// AutoencoderKLQwenImage: config, the table of its tensors, loading, and the
+// single-frame decode / encode with diffusers' slicing and tiling.
+#include "models/qwen_image_vae.h"
+
+#include <cmath>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/silu.h>
+
+#include "checkpoint/torch_dtype.h"
+#include "checkpoint/weight_source.h"
+#include "models/model_config.h"
+#include "models/model_registry.h"
+#include "models/nn_ops.h"
+#include "models/qwen_image_vae_blocks.h"
+#include "models/vae_tiling.h"
+#include "runtime/error.h"
+
+namespace tprun::models {
+
+namespace {
+
+// diffusers' AutoencoderKLQwenImage.__init__ defaults of the latent statistics (z_dim 16).
+const std::vector<double> kDefaultLatentsMean = {-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653,
+                                                 -0.1517, 1.5508,  0.4134,  -0.0715, 0.5517,  -0.3632,
+                                                 -0.1922, -0.9497, 0.2503,  -0.2921};
+const std::vector<double> kDefaultLatentsStd = {2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+                                                3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160};
+constexpr size_t kMaxLevels = 16;
+constexpr size_t kMaxListLength = 4096;
+// diffusers' enable_tiling defaults (pixels).
+constexpr int64_t kDefaultTile = 256;
+
+// A list of finite numbers (at most kMaxListLength); `fallback` when absent or null.
+std::vector<double> number_list(const nlohmann::json& c, const std::string& field, const std::string& path,
+                                const std::vector<double>& fallback) {
+  if (!c.contains(field) || c[field].is_null()) return fallback;
+  const auto& v = c[field];
+  if (!v.is_array() || v.size() > kMaxListLength) {
+    throw CheckpointError(fmt::format("{}: field '{}' must be a list of at most {} numbers", path, field,
+                                      kMaxListLength));
+  }
+  std::vector<double> out;
+  for (const auto& e : v) {
+    if (!e.is_number() || !std::isfinite(e.get<double>())) {
+      throw CheckpointError(fmt::format("{}: field '{}' holds {}, not a finite number", path, field,
+                                        clip_text(e.dump())));
+    }
+    out.push_back(e.get<double>());
+  }
+  return out;
+}
+
+// A list of booleans (at most kMaxLevels); `fallback` when absent or null.
+std::vector<bool> bool_list(const nlohmann::json& c, const std::string& field, const std::string& path,
+                            const std::vector<bool>& fallback) {
+  if (!c.contains(field) || c[field].is_null()) return fallback;
+  const auto& v = c[field];
+  if (!v.is_array() || v.size() > kMaxLevels) {
+    throw CheckpointError(fmt::format("{}: field '{}' must be a list of at most {} booleans", path, field,
+                                      kMaxLevels));
+  }
+  std::vector<bool> out;
+  for (const auto& e : v) {
+    if (!e.is_boolean()) {
+      throw CheckpointError(fmt::format("{}: field '{}' holds {}, not a boolean", path, field, clip_text(e.dump())));
+    }
+    out.push_back(e.get<bool>());
+  }
+  return out;
+}
+
+// latents_mean / latents_std: z_dim entries (std positive).
+std::vector<double> latent_stats(const nlohmann::json& c, const std::string& field, const std::string& path,
+                                 const std::vector<double>& fallback, int64_t z_dim, bool positive) {
+  const bool given = c.contains(field) && !c[field].is_null();
+  std::vector<double> v = number_list(c, field, path, fallback);
+  if (static_cast<int64_t>(v.size()) != z_dim) {
+    throw CheckpointError(fmt::format("{}: field '{}' has {} entries but z_dim is {}{}", path, field, v.size(),
+                                      z_dim, given ? "" : " (absent: diffusers' default has 16)"));
+  }
+  for (double x : v) {
+    if (positive && !(x > 0)) {
+      throw CheckpointError(fmt::format("{}: field '{}' holds {}; every entry must be positive", path, field, x));
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+int64_t QwenImageVaeConfig::encoder_dim(size_t i) const { return i == 0 ? base_dim : base_dim * dim_mult.at(i - 1); }
+
+QwenImageVaeConfig QwenImageVaeConfig::from_json(const nlohmann::json& c, const std::string& path,
+                                                 const TensorCensus* census) {
+  if (!c.is_object()) throw CheckpointError(fmt::format("{}: config must be a JSON object", path));
+  const std::string cls = config_class(c);
+  if (!cls.empty() && cls != QwenImageVae::kClass) {
+    throw CheckpointError(fmt::format("{}: _class_name '{}' is not {}", path, clip_text(cls), QwenImageVae::kClass));
+  }
+  QwenImageVaeConfig v;
+  v.base_dim = config_positive(c, "base_dim", path, v.base_dim, kMaxConfigWidth);
+  v.z_dim = config_positive(c, "z_dim", path, v.z_dim, 4096);
+  v.input_channels = config_positive(c, "input_channels", path, v.input_channels, 64);
+  v.dim_mult = config_int_list_or(c, "dim_mult", path, v.dim_mult, kMaxLevels, kMaxConfigWidth);
+  if (v.dim_mult.empty()) throw CheckpointError(fmt::format("{}: field 'dim_mult' must not be empty", path));
+  for (int64_t m : v.dim_mult) {
+    const int64_t ch = config_product(path, {{"base_dim", v.base_dim}, {"dim_mult entry", m}}, kMaxConfigWidth);
+    if (ch < 2) {
+      throw CheckpointError(fmt::format("{}: base_dim {} x dim_mult entry {} = {} channels; the decoder's "
+                                        "upsamplers halve a level's channels, so each level needs at least 2",
+                                        path, v.base_dim, m, ch));
+    }
+  }
+  const size_t n = v.dim_mult.size();
+  v.temperal_downsample = bool_list(c, "temperal_downsample", path, v.temperal_downsample);
+  if (v.temperal_downsample.size() != n - 1) {
+    throw CheckpointError(fmt::format("{}: field 'temperal_downsample' has {} entries but dim_mult has {} levels "
+                                      "(one entry per downsampling: {})",
+                                      path, v.temperal_downsample.size(), n, n - 1));
+  }
+  // The decoder holds num_res_blocks + 1 resnets per level (a checkpoint may hold the encoder alone).
+  const bool census_decoder = census != nullptr && census->blocks("decoder.up_blocks") > 0;
+  v.num_res_blocks = config_block_count(c, "num_res_blocks", path, v.num_res_blocks, census_decoder ? census : nullptr,
+                                        {"decoder.up_blocks.0.resnets"}, 1, 1, 64);
+  if (census_decoder && census->blocks("decoder.up_blocks") < static_cast<int64_t>(n)) {
+    throw CheckpointError(fmt::format("{}: field 'dim_mult' lists {} levels but {} holds {} 'decoder.up_blocks.<i>'",
+                                      path, n, census->source(), census->blocks("decoder.up_blocks")));
+  }
+  v.attn_scales = number_list(c, "attn_scales", path, {});
+  for (double s : v.attn_scales) {
+    for (size_t i = 0; i < n; ++i) {
+      if (s == std::ldexp(1.0, -static_cast<int>(i))) {
+        throw CheckpointError(fmt::format("{}: field 'attn_scales' holds {}, the scale of encoder level {}: "
+                                          "diffusers' QwenImageEncoder3d cannot run attention blocks inside "
+                                          "down_blocks (its forward passes them the feature cache), so neither "
+                                          "does tprun; use []",
+                                          path, s, i));
+      }
+    }
+  }
+  v.dropout = config_number_or(c, "dropout", path, 0.0);
+  if (!(v.dropout >= 0 && v.dropout < 1)) {
+    throw CheckpointError(fmt::format("{}: field 'dropout' = {} must be in [0, 1)", path, v.dropout));
+  }
+  v.latents_mean = latent_stats(c, "latents_mean", path, kDefaultLatentsMean, v.z_dim, false);
+  v.latents_std = latent_stats(c, "latents_std", path, kDefaultLatentsStd, v.z_dim, true);
+  return v;
+}
+
+bool QwenImageVae::has_decoder() const { return w_ && w_->has_decoder; }
+bool QwenImageVae::has_encoder() const { return w_ && w_->has_encoder; }
+
+namespace {
+
+// The whole model in module order: encoder (conv_in, down_blocks, mid_block,
+// norm_out, conv_out), quant_conv, post_quant_conv, decoder (conv_in,
+// mid_block, up_blocks, norm_out, conv_out). All replicated.
+QwenVaeWeights declare_qwen_vae(const QwenImageVaeConfig& cfg, ModelBuilder& b, CausalConvLoad& load) {
+  QwenVaeWeights w;
+  const size_t n = cfg.dim_mult.size();
+
+  QwenEncoderWeights& e = w.encoder;
+  e.conv_in = declare_causal_conv(b, load, "encoder.conv_in", cfg.encoder_dim(0), cfg.input_channels, 3);
+  int64_t index = 0;  // down_blocks is one flat list: resnets and resamplers
+  for (size_t i = 0; i < n; ++i) {
+    int64_t in = cfg.encoder_dim(i);
+    const int64_t out = cfg.encoder_dim(i + 1);
+    for (int64_t r = 0; r < cfg.num_res_blocks; ++r) {
+      QwenDownLayer layer;
+      layer.resnet = declare_qwen_residual(b, load, fmt::format("encoder.down_blocks.{}", index++), in, out);
+      e.down.push_back(std::move(layer));
+      in = out;
+    }
+    if (i + 1 < n) {
+      QwenDownLayer layer;
+      layer.is_resample = true;
+      layer.resample = declare_qwen_resample(b, fmt::format("encoder.down_blocks.{}", index++), out, false,
+                                             cfg.temperal_downsample[i]);
+      e.down.push_back(std::move(layer));
+    }
+  }
+  const int64_t top = cfg.encoder_dim(n);
+  e.mid = declare_qwen_mid_block(b, load, "encoder.mid_block", top);
+  e.norm_out = b.tensor("encoder.norm_out.gamma", {top, 1, 1, 1}, TensorKind::Norm);
+  e.conv_out = declare_causal_conv(b, load, "encoder.conv_out", 2 * cfg.z_dim, top, 3);  // mean and logvar
+
+  w.quant_conv = declare_causal_conv(b, load, "quant_conv", 2 * cfg.z_dim, 2 * cfg.z_dim, 1);
+  w.post_quant_conv = declare_causal_conv(b, load, "post_quant_conv", cfg.z_dim, cfg.z_dim, 1);
+
+  // Decoder widths: top, then the levels from the last to the first.
+  QwenDecoderWeights& d = w.decoder;
+  d.conv_in = declare_causal_conv(b, load, "decoder.conv_in", top, cfg.z_dim, 3);
+  d.mid = declare_qwen_mid_block(b, load, "decoder.mid_block", top);
+  int64_t width = top;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t in = i == 0 ? width : width / 2;  // the previous upsampler halved it
+    const int64_t out = cfg.encoder_dim(n - i);
+    QwenUpBlockWeights blk;
+    for (int64_t r = 0; r <= cfg.num_res_blocks; ++r) {
+      blk.resnets.push_back(
+          declare_qwen_residual(b, load, fmt::format("decoder.up_blocks.{}.resnets.{}", i, r), r == 0 ? in : out, out));
+    }
+    blk.has_upsampler = i + 1 < n;
+    if (blk.has_upsampler) {
+      // temperal_upsample = reversed(temperal_downsample)
+      blk.upsampler = declare_qwen_resample(b, fmt::format("decoder.up_blocks.{}.upsamplers.0", i), out, true,
+                                            cfg.temperal_downsample[n - 2 - i]);
+    }
+    d.up.push_back(std::move(blk));
+    width = out;
+  }
+  d.norm_out = b.tensor("decoder.norm_out.gamma", {width, 1, 1, 1}, TensorKind::Norm);
+  d.conv_out = declare_causal_conv(b, load, "decoder.conv_out", cfg.input_channels, width, 3);
+  return w;
+}
+
+bool in_encoder(const std::string& name) { return name.rfind("encoder.", 0) == 0 || name.rfind("quant_conv.", 0) == 0; }
+bool in_decoder(const std::string& name) {
+  return name.rfind("decoder.", 0) == 0 || name.rfind("post_quant_conv.", 0) == 0;
+}
+
+std::string shape_of(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// x as [B, channels, H, W]: from [B, channels, 1, H, W] or [B, channels, H, W];
+// RequestError naming the input otherwise.
+at::Tensor one_frame(const at::Tensor& x, const char* name, int64_t channels) {
+  if (!x.defined()) throw RequestError(fmt::format("input '{}' is missing", name), true);
+  const bool ok4 = x.dim() == 4, ok5 = x.dim() == 5 && x.size(2) == 1;
+  if (!(ok4 || ok5) || x.size(1) != channels || x.numel() == 0) {
+    throw RequestError(fmt::format("input '{}' must be [B, {}, 1, H, W] or [B, {}, H, W] (non-empty, one frame: "
+                                   "tprun's AutoencoderKLQwenImage decodes and encodes images, not videos), got {}",
+                                   name, channels, channels, shape_of(x)),
+                       true);
+  }
+  return ok5 ? x.squeeze(2) : x;
+}
+
+at::Tensor stats_tensor(const std::vector<double>& v) {
+  std::vector<double> copy = v;
+  const auto n = static_cast<int64_t>(copy.size());
+  const at::Tensor t = at::from_blob(copy.data(), {n}, at::TensorOptions().dtype(at::kDouble));
+  return t.to(at::kFloat).reshape({1, n, 1, 1, 1});  // a copy: `copy` dies here
+}
+
+}  // namespace
+
+ModelTable QwenImageVae::table_for(const QwenImageVaeConfig& config, const ModelOptions& options) {
+  ModelTable table = record_table(kClass, [&](ModelBuilder& b) {
+    CausalConvLoad load;
+    declare_qwen_vae(config, b, load);
+  });
+  // What a load of one part never reads (the other half; see load()).
+  for (auto& t : table.tensors) {
+    if ((options.part == "decoder" && in_encoder(t.name)) || (options.part == "encoder" && in_decoder(t.name))) {
+      t.optional = true;
+    }
+  }
+  return table;
+}
+
+std::unique_ptr<QwenImageVae> QwenImageVae::load(checkpoint::WeightSource& source, const nlohmann::json& config,
+                                                 const std::string& config_path, const parallel::TpContext&,
+                                                 const ModelOptions& options) {
+  auto m = std::make_unique<QwenImageVae>();
+  const TensorCensus census = census_of(source);
+  m->config_ = QwenImageVaeConfig::from_json(config, config_path, &census);
+  const QwenImageVaeConfig& cfg = m->config_;
+  const c10::ScalarType dtype = checkpoint::parse_compute_dtype(options.dtype, "dtype");
+  m->compute_dtype_ = dtype == c10::kFloat ? "fp32" : (dtype == c10::kBFloat16 ? "bf16" : "fp16");
+  const std::string& part = options.part;
+  if (!part.empty() && part != "decoder" && part != "encoder") {
+    throw ConfigError(fmt::format("{}: part '{}' is not 'decoder' or 'encoder'", kClass, part), true);
+  }
+  // Tiles (diffusers' enable_tiling defaults: 256 px at a stride of 192 = 256 x (1 - 0.25)).
+  const memory::MemoryOptions& mem = options.memory;
+  m->slicing_ = mem.vae_slicing;
+  m->tiling_ = mem.vae_tiling;
+  m->tile_sample_ = mem.vae_tile_sample_size > 0 ? mem.vae_tile_sample_size : kDefaultTile;
+  m->tile_stride_ = static_cast<int64_t>(static_cast<double>(m->tile_sample_) * (1 - mem.vae_tile_overlap));
+  const int64_t sf = cfg.scale_factor();
+  if (m->tiling_ && (m->tile_sample_ < sf || m->tile_stride_ < sf)) {
+    throw ConfigError(fmt::format("{}: VAE tiles of {} px at a stride of {} px (vae_tile_sample_size x (1 - "
+                                  "vae_tile_overlap)) must both be at least the scale factor {} (one latent)",
+                                  config_path, m->tile_sample_, m->tile_stride_, sf),
+                      true);
+  }
+  const int64_t attention_chunk = nn::checked_attention_chunk(mem.attention_chunk);
+  BuildOptions bo = build_options(options);
+  bo.dtype = m->compute_dtype_;
+  if (part == "encoder") bo.wanted = [](const std::string& name) { return !in_decoder(name); };
+  if (part == "decoder") bo.wanted = [](const std::string& name) { return !in_encoder(name); };
+  // Keep only the used time tap when the weights are plainly resident.
+  CausalConvLoad conv_load;
+  conv_load.last_tap_only = mem.layerwise_storage.empty() && !mem.offload.enabled() && !mem.device_mapped();
+  auto w = std::make_shared<QwenVaeWeights>();
+  BuiltModel built = build_model(kClass, source, parallel::TpContext{}, bo, [&](ModelBuilder& b) {
+    conv_load.bytes_dropped = 0;  // counted in the loading pass only (recording loads nothing)
+    *w = declare_qwen_vae(cfg, b, conv_load);
+  });
+  w->has_encoder = part != "decoder";
+  w->has_decoder = part != "encoder";
+  w->attention_chunk = attention_chunk;
+  nn::log_sdpa_attention(kClass, options.device, dtype, 1, cfg.encoder_dim(cfg.dim_mult.size()), false,
+                         attention_chunk);
+  m->table_ = std::move(built.table);
+  m->bytes_loaded_ = built.bytes_read;
+  m->bytes_stored_ = built.bytes_stored - conv_load.bytes_dropped;
+  m->w_ = std::move(w);
+  return m;
+}
+
+at::Tensor QwenImageVae::decode(const at::Tensor& z_in, Trace* trace) const {
+  if (!has_decoder()) throw ConfigError(fmt::format("{}::decode: the VAE was loaded without its decoder", kClass));
+  const at::Tensor z = one_frame(z_in, "z", config_.z_dim);
+  const int64_t sf = config_.scale_factor();
+  // As diffusers' decode: slicing splits the batch; each slice is tiled when
+  // larger than a latent tile (then unclamped), else decoded whole and clamped.
+  auto one = [&](const at::Tensor& zi) {
+    const int64_t tile = tile_sample_ / sf;
+    if (tiling_ && (zi.size(2) > tile || zi.size(3) > tile)) {
+      const VaeTileGrid grid{tile, tile_stride_ / sf, tile_sample_ - tile_stride_, tile_stride_};
+      const at::Tensor out = tiled_apply_grid(zi, grid, [&](const at::Tensor& t) { return decode_frame(t, nullptr); });
+      return out.slice(2, 0, zi.size(2) * sf).slice(3, 0, zi.size(3) * sf);
+    }
+    return at::clamp(decode_frame(zi, trace), -1.0, 1.0);
+  };
+  return (slicing_ ? sliced_apply(z, one) : one(z)).unsqueeze(2);
+}
+
+at::Tensor QwenImageVae::decode_frame(const at::Tensor& z_in, Trace* trace) const {
+  const QwenDecoderWeights& d = w_->decoder;
+  auto record = [&](const std::string& name, const at::Tensor& t) {
+    if (trace) trace->emplace_back(name, t.unsqueeze(2));
+  };
+  const auto opts = d.conv_in.bias.get().options();
+  at::Tensor h = causal_conv_frame(z_in.to(opts.device(), opts.dtype().toScalarType()), w_->post_quant_conv);
+  record("post_quant_conv", h);
+  h = causal_conv_frame(h, d.conv_in);
+  record("decoder.conv_in", h);
+  h = qwen_mid_block_forward(d.mid, h, w_->attention_chunk);
+  record("decoder.mid_block", h);
+  for (size_t i = 0; i < d.up.size(); ++i) {
+    for (const auto& r : d.up[i].resnets) h = qwen_residual_forward(r, h);
+    if (d.up[i].has_upsampler) h = qwen_resample_forward(d.up[i].upsampler, h);
+    record(fmt::format("decoder.up_blocks.{}", i), h);
+  }
+  h = qwen_rms_norm(h, d.norm_out);
+  at::silu_(h);
+  h = causal_conv_frame(h, d.conv_out);
+  record("decoder.conv_out", h);
+  return h;
+}
+
+TensorMap QwenImageVae::encode(const at::Tensor& image_in, Trace* trace) const {
+  if (!has_encoder()) throw ConfigError(fmt::format("{}::encode: the VAE was loaded without its encoder", kClass));
+  const at::Tensor image = one_frame(image_in, "image", config_.input_channels);
+  const int64_t sf = config_.scale_factor();
+  auto one = [&](const at::Tensor& x) {
+    if (tiling_ && (x.size(2) > tile_sample_ || x.size(3) > tile_sample_)) {
+      const int64_t stride = tile_stride_ / sf;
+      const VaeTileGrid grid{tile_sample_, tile_stride_, tile_sample_ / sf - stride, stride};
+      const at::Tensor out =
+          tiled_apply_grid(x, grid, [&](const at::Tensor& t) { return encode_moments(t, nullptr); });
+      return out.slice(2, 0, x.size(2) / sf).slice(3, 0, x.size(3) / sf);
+    }
+    return encode_moments(x, trace);
+  };
+  const at::Tensor h = slicing_ ? sliced_apply(image, one) : one(image);
+  // DiagonalGaussianDistribution: mean, logvar = chunk(moments, 2, dim=1).
+  auto parts = h.chunk(2, 1);
+  TensorMap out;
+  out["mean"] = parts[0].contiguous().unsqueeze(2);
+  out["std"] = at::exp(at::clamp(parts[1], -30.0, 20.0) * 0.5).unsqueeze(2);
+  return out;
+}
+
+at::Tensor QwenImageVae::encode_moments(const at::Tensor& image, Trace* trace) const {
+  // Each downsampler pads one row / column and runs a 3x3 conv at stride 2: it
+  // needs 2 px or more (diffusers' encoder fails below that as well).
+  const int64_t downsamplers = static_cast<int64_t>(config_.temperal_downsample.size());
+  for (int64_t side : {image.size(2), image.size(3)}) {
+    int64_t s = side;
+    for (int64_t i = 0; i < downsamplers; ++i, s = (s + 1) / 2) {
+      if (s < 2) {
+        throw RequestError(fmt::format("input 'image': a side of {} px (of the image or of one of its tiles) is "
+                                       "too small for the encoder's {} downsamplings, each of which needs at "
+                                       "least 2 px (give at least {} px per side)",
+                                       side, downsamplers, (int64_t{1} << (downsamplers - 1)) + 1),
+                           true);
+      }
+    }
+  }
+  const QwenEncoderWeights& e = w_->encoder;
+  auto record = [&](const std::string& name, const at::Tensor& t) {
+    if (trace) trace->emplace_back(name, t.unsqueeze(2));
+  };
+  const auto opts = e.conv_in.bias.get().options();
+  at::Tensor h = causal_conv_frame(image.to(opts.device(), opts.dtype().toScalarType()), e.conv_in);
+  record("encoder.conv_in", h);
+  for (size_t i = 0; i < e.down.size(); ++i) {
+    const QwenDownLayer& layer = e.down[i];
+    h = layer.is_resample ? qwen_resample_forward(layer.resample, h) : qwen_residual_forward(layer.resnet, h);
+    record(fmt::format("encoder.down_blocks.{}", i), h);
+  }
+  h = qwen_mid_block_forward(e.mid, h, w_->attention_chunk);
+  record("encoder.mid_block", h);
+  h = qwen_rms_norm(h, e.norm_out);
+  at::silu_(h);
+  h = causal_conv_frame(h, e.conv_out);
+  record("encoder.conv_out", h);
+  h = causal_conv_frame(h, w_->quant_conv);
+  record("quant_conv", h);
+  return h;
+}
+
+TensorMap QwenImageVae::forward(const TensorMap& inputs, Trace* trace) const {
+  const bool has_latents = inputs.count("latents") != 0, has_image = inputs.count("image") != 0;
+  if (has_latents == has_image) {
+    throw RequestError(fmt::format("{}: give exactly one input: 'latents' (decode) or 'image' (encode)", kClass),
+                       true);
+  }
+  if (has_latents) return {{"sample", decode(inputs.at("latents"), trace)}};
+  return encode(inputs.at("image"), trace);
+}
+
+TensorMap QwenImageVae::example_inputs(uint64_t seed) const {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const int64_t side = 4 * config_.scale_factor();
+  if (has_decoder()) return {{"latents", at::randn({1, config_.z_dim, 1, 4, 4}, gen, f32)}};
+  return {{"image", at::rand({1, config_.input_channels, 1, side, side}, gen, f32) * 2 - 1}};
+}
+
+std::string QwenImageVae::primary_output() const { return has_decoder() ? "sample" : "mean"; }
+
+at::Tensor QwenImageVae::latents_mean() const { return stats_tensor(config_.latents_mean); }
+at::Tensor QwenImageVae::latents_std() const { return stats_tensor(config_.latents_std); }
+
+TPRUN_REGISTER_MODEL(QwenImageVae, QwenImageVaeConfig);
+
+}  // namespace tprun::models

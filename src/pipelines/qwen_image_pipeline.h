@@ -1,0 +1,102 @@
+#pragma once
+// diffusers' QwenImagePipeline (Qwen/Qwen-Image, Qwen-Image-2512) text to
+// image over tprun's components, one object per process: the
+// QwenImageTransformer2DModel sharded over the TP group, the Qwen2.5-VL
+// language model as text encoder sharded over the TP group too unless
+// PipelineOptions says otherwise (its vision tower and lm_head never read),
+// the AutoencoderKLQwenImage decoder on TP rank 0 only.
+//
+// One request runs as QwenImagePipeline.__call__ for one prompt:
+//   encode    the prompt in the pipeline's fixed template
+//             (qwen_image_defaults.h), tokenized and truncated to 1024 + 34
+//             tokens, the encoder's last hidden state (after its final
+//             norm), the first 34 tokens dropped, then cut to
+//             max_sequence_length (default 512, at most 1024). A batch pads
+//             its prompts' embeddings to the longest with zeros and passes
+//             the mask (1 = a real token) to the transformer; a batch whose
+//             prompts are all of one length passes none, as diffusers does.
+//   latents   seeded noise [1, 1, C, h, w] (C = in_channels / 4), 2x2-packed
+//             as FluxPipeline packs (the same values as FLUX.1's draw).
+//   schedule  sigmas linspace(1, 1/n, n), mu = calculate_shift(image tokens)
+//             with the scheduler config's base/max sequence lengths and shifts
+//             (Qwen-Image: shift_terminal 0.02, exponential time shift).
+//   denoise   per step: transformer(latents, t / 1000, text, text mask,
+//             img_shapes (1, h/2, w/2)); with a negative prompt and
+//             true_cfg_scale > 1: comb = neg + s * (cond - neg), rescaled per
+//             token to |cond| / |comb|; Euler step. `guidance` is never
+//             passed: diffusers 0.40.0 reads guidance_embeds but builds no
+//             guidance embedder (its forward refuses the argument), so a
+//             request's guidance is ignored.
+//   decode    unpack to [1, C, 1, h, w], latents * std + mean (the VAE
+//             config's latents_std / latents_mean, computed as diffusers:
+//             latents / (1 / std) + mean), VAE decode of the one frame,
+//             clamp(x / 2 + 0.5, 0, 1), uint8 = round(x * 255).
+// Defaults: 1024 x 1024, 50 steps, true_cfg_scale 4.0, max_sequence_length
+// 512, no guidance. Tensors a request may give instead of a stage's output
+// (GenerationRequest::given): prompt_embeds [1, S, joint_attention_dim] with
+// optional prompt_embeds_mask [1, S], negative_prompt_embeds with optional
+// negative_prompt_embeds_mask, latents (packed [1, tokens, in_channels]).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/tensor_map.h"
+#include "pipelines/family_steps.h"
+#include "pipelines/pipeline.h"
+
+namespace tprun::pipelines {
+
+class QwenImagePipeline final : public RuntimePipeline {
+ public:
+  static constexpr const char* kClass = "QwenImagePipeline";
+
+  // `folder`: a diffusers QwenImagePipeline folder. Reads every config,
+  // checks that the components fit together (joint_attention_dim = the text
+  // encoder's hidden size, in_channels = 4 x the VAE's z_dim, the tokenizer
+  // covered by the encoder's vocabulary), validates the TP plans, then loads.
+  // Errors name the folder, component and field. options.denoiser false: the
+  // transformer and the VAE are not loaded (a staged job's encode phase).
+  static std::unique_ptr<QwenImagePipeline> load(const std::string& folder, const parallel::TpContext& tp,
+                                                 const PipelineOptions& options = {});
+
+  std::string class_name() const override;
+  GenerationRequest with_defaults(GenerationRequest request) const override;
+  // RequestError naming the field: sizes (multiples of 16), steps,
+  // true_cfg_scale, max_sequence_length in [1, 1024], given tensors' shapes.
+  void check_request(const GenerationRequest& request) const override;
+  std::string batch_key(const GenerationRequest& request) const override;
+  double cost(const GenerationRequest& request) const override;
+  std::vector<GenerationResult> generate_batch(const std::vector<GenerationRequest>& requests,
+                                               const StepCallback& on_step = {}) const override;
+  // Packed latents: [image tokens, in_channels].
+  std::vector<int64_t> latent_shape(int64_t height, int64_t width) const override;
+
+  bool decodes() const override;
+  int64_t transformer_all_reduces() const override;
+
+  // Staged phases: the prompt's encode gives prompt_embeds, the negative
+  // prompt's (true CFG only) negative_prompt_embeds; one prompt's mask is all
+  // ones, so none is given with them.
+  std::vector<TextEncode> text_encodes(const GenerationRequest& request) const override;
+  models::TensorMap encode_text(const TextEncode& encode) const override;
+  void warn_truncation(const GenerationRequest& request, const TextEncode& encode,
+                       const models::TensorMap& embeddings) const override;
+
+  // {"prompt_embeds" [1, S, hidden]} for one prompt, as encode_prompt
+  // returns it (through the cache), S <= max_sequence_length.
+  models::TensorMap encode_prompt(const std::string& prompt, int64_t max_sequence_length) const;
+  // True CFG runs for this (defaults applied) request.
+  static bool true_cfg(const GenerationRequest& request);
+
+  struct Impl;
+
+ protected:
+  const PipelineRuntime& runtime() const override;
+
+ private:
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace tprun::pipelines
