@@ -28,6 +28,7 @@
 #include "pipelines/request_memory.h"
 #include "runtime/error.h"
 #include "text/hf_tokenizer.h"
+#include "text/hf_tokenizer_batch.h"
 
 namespace tprun::pipelines {
 
@@ -246,14 +247,12 @@ models::TensorMap QwenImagePipeline::encode_prompt(const std::string& prompt, in
   const std::string key = prompt_key(prompt, max_sequence_length);
   if (auto hit = m.cache->get(key)) return *hit;
   text::decode_utf8(prompt, "prompt");  // offsets of bad bytes in the user's prompt, not in the templated text
-  std::vector<int64_t> ids = m.tokenizer->encode(qwen_image_prompt_text(prompt));
-  const int64_t untruncated = static_cast<int64_t>(ids.size());
-  // tokenizer(max_length=1024 + 34, truncation=True): one prompt is never padded.
-  if (untruncated > kQwenImageTokenizerMax + kQwenImageDropTokens) {
-    ids.resize(static_cast<size_t>(kQwenImageTokenizerMax + kQwenImageDropTokens));
-  }
+  // tokenizer([text], max_length=1024 + 34, padding=True, truncation=True): one prompt is never padded.
+  const text::TokenizerBatch tokens = text::encode_batch_longest(
+      *m.tokenizer, {qwen_image_prompt_text(prompt)}, kQwenImageTokenizerMax + kQwenImageDropTokens);
+  const int64_t untruncated = tokens.untruncated_lengths.front();
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
-  const at::Tensor id_tensor = at::tensor(ids, long_opts).view({1, -1}).to(m.device);
+  const at::Tensor id_tensor = at::tensor(tokens.input_ids.front(), long_opts).view({1, -1}).to(m.device);
   const at::Tensor mask = at::ones_like(id_tensor);
   const at::Tensor hidden = m.text_encoder->hidden_states(id_tensor, mask).front();
   models::TensorMap out;
@@ -436,11 +435,11 @@ std::vector<PromptTokens> qwen_image_tokenize(const std::string& folder, const s
   const auto& tok = need_component(pf, "tokenizer");
   const text::HfTokenizer tokenizer = text::HfTokenizer::load(tok.path, tok.cls);
   text::decode_utf8(prompt, "prompt");
-  std::vector<int64_t> ids = tokenizer.encode(qwen_image_prompt_text(prompt));
+  text::TokenizerBatch tokens = text::encode_batch_longest(tokenizer, {qwen_image_prompt_text(prompt)},
+                                                           kQwenImageTokenizerMax + kQwenImageDropTokens);
+  std::vector<int64_t> ids = std::move(tokens.input_ids.front());
   text::TokenizerOutput out;
-  out.untruncated_length = static_cast<int64_t>(ids.size());
-  const int64_t limit = kQwenImageTokenizerMax + kQwenImageDropTokens;
-  if (out.untruncated_length > limit) ids.resize(static_cast<size_t>(limit));
+  out.untruncated_length = tokens.untruncated_lengths.front();
   // What reaches the transformer: after the dropped tokens, at most max_sequence_length.
   out.attention_mask.assign(ids.size(), 0);
   for (size_t i = static_cast<size_t>(kQwenImageDropTokens);
