@@ -49,6 +49,13 @@ struct QwenImagePipeline::Impl : PipelineRuntime {
 namespace {
 
 // The configs every load reads before any weight byte.
+// The pipeline's tokenizer call for one prompt: the template, tokenizer([text],
+// max_length=1024 + 34, padding=True, truncation=True) (one prompt is never padded).
+text::TokenizerBatch qwen_image_tokens(const text::HfTokenizer& tokenizer, const std::string& prompt) {
+  return text::encode_batch_longest(tokenizer, {qwen_image_prompt_text(prompt)},
+                                    kQwenImageTokenizerMax + kQwenImageDropTokens);
+}
+
 struct QwenImageConfigs {
   nlohmann::json transformer, vae, text_encoder;
   std::string transformer_path, vae_path, text_encoder_path;
@@ -247,9 +254,7 @@ models::TensorMap QwenImagePipeline::encode_prompt(const std::string& prompt, in
   const std::string key = prompt_key(prompt, max_sequence_length);
   if (auto hit = m.cache->get(key)) return *hit;
   text::decode_utf8(prompt, "prompt");  // offsets of bad bytes in the user's prompt, not in the templated text
-  // tokenizer([text], max_length=1024 + 34, padding=True, truncation=True): one prompt is never padded.
-  const text::TokenizerBatch tokens = text::encode_batch_longest(
-      *m.tokenizer, {qwen_image_prompt_text(prompt)}, kQwenImageTokenizerMax + kQwenImageDropTokens);
+  const text::TokenizerBatch tokens = qwen_image_tokens(*m.tokenizer, prompt);
   const int64_t untruncated = tokens.untruncated_lengths.front();
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   const at::Tensor id_tensor = at::tensor(tokens.input_ids.front(), long_opts).view({1, -1}).to(m.device);
@@ -435,8 +440,7 @@ std::vector<PromptTokens> qwen_image_tokenize(const std::string& folder, const s
   const auto& tok = need_component(pf, "tokenizer");
   const text::HfTokenizer tokenizer = text::HfTokenizer::load(tok.path, tok.cls);
   text::decode_utf8(prompt, "prompt");
-  text::TokenizerBatch tokens = text::encode_batch_longest(tokenizer, {qwen_image_prompt_text(prompt)},
-                                                           kQwenImageTokenizerMax + kQwenImageDropTokens);
+  text::TokenizerBatch tokens = qwen_image_tokens(tokenizer, prompt);
   std::vector<int64_t> ids = std::move(tokens.input_ids.front());
   text::TokenizerOutput out;
   out.untruncated_length = tokens.untruncated_lengths.front();
