@@ -68,8 +68,22 @@ if(TARGET torch_cuda OR TORCH_LIBRARIES MATCHES "torch_cuda")
   set(TPRUN_TORCH_HAS_CUDA ON)
 endif()
 
+# --- a build host without the Debian packages -----------------------------------
+# tools/gpu/fallback_build.sh builds on a GPU host from a bundle: TPRUN_DEV_ROOT is
+# the bundle's dev/ folder (headers, CMake and pkg-config files, link-time names),
+# TPRUN_MPI_INCLUDE_DIR / TPRUN_MPI_LIBRARY name its Open MPI (no mpicc there).
+if(TPRUN_DEV_ROOT)
+  list(PREPEND CMAKE_PREFIX_PATH "${TPRUN_DEV_ROOT}/usr")
+endif()
+
 # --- MPI ------------------------------------------------------------------------
-find_package(MPI REQUIRED COMPONENTS C)
+if(TPRUN_MPI_INCLUDE_DIR AND TPRUN_MPI_LIBRARY)
+  add_library(MPI::MPI_C INTERFACE IMPORTED)
+  set_target_properties(MPI::MPI_C PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${TPRUN_MPI_INCLUDE_DIR}"
+                                              INTERFACE_LINK_LIBRARIES "${TPRUN_MPI_LIBRARY}")
+else()
+  find_package(MPI REQUIRED COMPONENTS C)
+endif()
 find_program(TPRUN_MPIEXEC NAMES mpirun mpiexec REQUIRED)
 
 # --- NCCL: compiled whenever libtorch has CUDA and nccl.h is found ---------------
@@ -135,9 +149,9 @@ find_package(PNG REQUIRED)
 # spdlog must see the system {fmt}: a folder of links to it goes first on the
 # include path (-I comes before libtorch's -isystem).
 find_path(TPRUN_FMT_INCLUDE_DIR fmt/format.h NO_CACHE
-          PATHS /usr/include /usr/local/include NO_DEFAULT_PATH)
+          PATHS ${TPRUN_DEV_ROOT}/usr/include /usr/include /usr/local/include NO_DEFAULT_PATH)
 find_path(TPRUN_SPDLOG_INCLUDE_DIR spdlog/spdlog.h NO_CACHE
-          PATHS /usr/include /usr/local/include NO_DEFAULT_PATH)
+          PATHS ${TPRUN_DEV_ROOT}/usr/include /usr/include /usr/local/include NO_DEFAULT_PATH)
 if(NOT TPRUN_FMT_INCLUDE_DIR OR NOT TPRUN_SPDLOG_INCLUDE_DIR)
   message(FATAL_ERROR "tprun: system fmt/spdlog headers not found (tools/setup.sh installs them)")
 endif()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what tprun needs on a Debian 12 machine; idempotent and quiet when
 # nothing is missing. Called by tools/test.sh and tools/demo.sh.
-#   * Debian packages: compilers, Open MPI, parallel HDF5, spdlog, Boost,
+#   * Debian packages: compilers (and patchelf, xz for tools/gpu-bundle.sh), Open MPI, parallel HDF5, spdlog, Boost,
 #     GoogleTest, nlohmann-json, toml++, sentencepiece, libpng, ccache, clang.
 #   * A Python virtual environment outside the checkout ($TPRUN_VENV, default
 #     ~/.cache/tprun/venv) with the pinned torch wheel (libtorch for CMake) and
@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 venv=${TPRUN_VENV:-$HOME/.cache/tprun/venv}
 
 packages=(
-  build-essential cmake ninja-build pkg-config ccache clang bc git
+  build-essential cmake ninja-build pkg-config ccache clang bc git patchelf xz-utils
   openmpi-bin libopenmpi-dev libhdf5-openmpi-dev
   libspdlog-dev libfmt-dev libboost-program-options-dev libgtest-dev
   nlohmann-json3-dev libtomlplusplus-dev libsentencepiece-dev libicu-dev libpng-dev

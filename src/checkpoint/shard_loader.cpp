@@ -12,9 +12,13 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
+#include "checkpoint/cuda_copy_engine.h"
+#include "checkpoint/pinned_staging.h"
 #include "checkpoint/torch_dtype.h"
 #include "runtime/error.h"
+#include "runtime/size_string.h"
 
 namespace tprun::checkpoint {
 namespace {
@@ -74,7 +78,14 @@ ShardLoader::ShardLoader(WeightSource& source, LoadOptions options)
   (void)c10::Device(options_.device);  // validates the device string
 }
 
-ShardLoader::~ShardLoader() = default;
+ShardLoader::~ShardLoader() {
+  if (!uploads_) return;
+  const StagingStats& st = uploads_->stats();
+  spdlog::debug("{}: staged {} slices ({}) to {} through {} pinned buffers: {} allocations, peak {} pinned",
+                source_.path(), st.slices, format_size(st.bytes), options_.device, uploads_->buffers(),
+                st.buffers_allocated, format_size(st.peak_staging_bytes));
+  uploads_.reset();  // waits for the copies still in flight
+}
 
 c10::ScalarType ShardLoader::compute_type(const std::string& name, const StoredTensor& info,
                                           const std::string& dtype) const {
@@ -141,12 +152,31 @@ at::Tensor ShardLoader::load_kept(const std::string& name, const ShardRequest& r
     const c10::ScalarType kept = cast ? storage : compute;
     if (stored != compute || kept != compute) return load_staged(name, request, plan, stored, compute, kept);
   }
-  auto opts = at::TensorOptions().dtype(stored);
-  if (device.is_cuda()) opts = opts.pinned_memory(true);
-  at::Tensor host = at::empty(plan.shape, opts);
+  if (device.is_cuda()) {
+    const c10::ScalarType compute = compute_type(name, info, dtype);
+    // The conversions finish() makes on the host's copy, made on the device.
+    at::Tensor t = upload_slice(name, request, plan, stored);
+    if (t.scalar_type() != compute) t = t.to(compute);
+    return cast ? t.to(storage) : t;
+  }
+  at::Tensor host = at::empty(plan.shape, at::TensorOptions().dtype(stored));
   source_.read_slice(name, request, plan, host.data_ptr());
   at::Tensor t = finish(host, name, info, dtype);
   return cast ? t.to(storage) : t;
+}
+
+at::Tensor ShardLoader::upload_slice(const std::string& name, const ShardRequest& request, const SlicePlan& plan,
+                                     c10::ScalarType stored) {
+  const c10::Device device(options_.device);
+  if (!uploads_) uploads_ = std::make_unique<StagingPipeline>(make_cuda_copy_engine(device.index()));
+  at::Tensor out = at::empty(plan.shape, at::TensorOptions().dtype(stored).device(device));
+  if (static_cast<uint64_t>(out.nbytes()) != plan.bytes) {
+    throw Error(Error::Kind::Internal, fmt::format("{}: tensor '{}': slice plan of {} bytes for a {}-byte tensor",
+                                                   source_.path(), name, plan.bytes, out.nbytes()));
+  }
+  uploads_->upload(name, out.data_ptr(), plan.bytes,
+                   [&](void* host) { source_.read_slice(name, request, plan, host); });
+  return out;
 }
 
 at::Tensor ShardLoader::load_staged(const std::string& name, const ShardRequest& request, const SlicePlan& plan,
@@ -195,6 +225,8 @@ std::vector<at::Tensor> ShardLoader::load_many(const std::vector<LoadItem>& item
     return out;
   }
   for (size_t i : order) out[i] = load(items[i].name, items[i].request);
+  // A copy that failed on the device is reported here, naming its tensor.
+  if (uploads_) uploads_->finish();
   source_.close();
   return out;
 }

@@ -2,12 +2,17 @@
 // Turns (tensor, shard request) into a tensor on this rank's device holding
 // only its slice, in the compute dtype.
 //
-//   ShardOnLoad   (default) reads only the slice's bytes from storage, into a
-//                 host buffer of the slice's size (pinned for CUDA), then to
-//                 the device: no rank ever holds a whole planned weight.
+//   ShardOnLoad   (default) reads only the slice's bytes from storage, then
+//                 to the device: no rank ever holds a whole planned weight.
 //   LoadThenShard reads every requested tensor whole, then slices in memory,
 //                 as diffusers' enable_parallelism does; for comparison and
 //                 for weights already in memory.
+//
+// For a CUDA device the slices go through a StagingPipeline
+// (pinned_staging.h): two pinned host buffers reused for every slice (grown
+// to the largest), the next slice read from storage while the previous one
+// is copied on a copy stream; the compute stream waits for each copy, then
+// converts the stored-dtype device tensor to the compute/kept dtype.
 //
 // On the host, a slice kept in another dtype than it is stored in (a bf16
 // checkpoint computed in fp32, fp8 layerwise storage) is read into a staging
@@ -32,6 +37,8 @@ class Tensor;
 }
 
 namespace tprun::checkpoint {
+
+class StagingPipeline;
 
 enum class LoadMode { ShardOnLoad, LoadThenShard };
 
@@ -80,9 +87,14 @@ class ShardLoader {
   // A host slice read into the staging buffer and converted stored -> compute -> kept from there.
   at::Tensor load_staged(const std::string& name, const ShardRequest& request, const SlicePlan& plan,
                          c10::ScalarType stored, c10::ScalarType compute, c10::ScalarType kept);
+  // A slice read through the device staging pipeline into a new device
+  // tensor in the stored dtype, ordered before the compute stream's later work.
+  at::Tensor upload_slice(const std::string& name, const ShardRequest& request, const SlicePlan& plan,
+                          c10::ScalarType stored);
   WeightSource& source_;
   LoadOptions options_;
   std::unique_ptr<Staging> staging_;
+  std::unique_ptr<StagingPipeline> uploads_;  // made on the first CUDA load
 };
 
 // Slices a whole tensor in memory exactly as plan_slice slices it on disk.

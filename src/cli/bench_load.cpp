@@ -37,6 +37,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include <ATen/core/Tensor.h>
@@ -49,6 +50,7 @@
 #include "cli/model_args.h"
 #include "dist/communicator.h"
 #include "models/model_registry.h"
+#include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
 #include "runtime/logging.h"
@@ -128,6 +130,21 @@ std::string stored_compute_dtype(const checkpoint::ComponentCheckpoint& ck) {
   return bf16 >= f16 && bf16 > f32 ? "bf16" : f16 > f32 ? "fp16" : "fp32";
 }
 
+// --device: cpu or cuda[:N] on a GPU this process sees; ConfigError naming --device otherwise.
+c10::Device parse_bench_device(const std::string& device) {
+  if (device == "cpu") return c10::Device(c10::kCPU);
+  const DeviceChoice c = choose_device(device, 0, cuda_device_count(), cuda_built());
+  return c10::Device(c.device);
+}
+
+// The device's memory in use now (total less free less libtorch's cached free blocks); nullopt on CPU.
+std::optional<uint64_t> device_used_bytes(const c10::Device& dev) {
+  if (!dev.is_cuda()) return std::nullopt;
+  const HostMemory m = device_memory(dev.index() < 0 ? 0 : dev.index());
+  if (m.limits.empty()) return std::nullopt;
+  return m.limits.front().used;
+}
+
 }  // namespace
 
 void add_load_bench_options(po::options_description& desc) {
@@ -145,6 +162,7 @@ void add_load_bench_options(po::options_description& desc) {
        "decoder text encoders: the hidden states the caller needs (FLUX.2: 9,18,27 klein, 10,20,30 dev); later "
        "layers, the final norm and lm_head are not read. Implies --plan model")
       ("dtype", po::value<std::string>()->default_value(""), "compute dtype (default: as stored)")
+
       ("shard-modulation", po::bool_switch(), "shard the AdaLN modulation linears (rowwise_split_input)")
       ("plan-only", po::bool_switch(), "print what would be read (JSON: slice, replicated, skipped bytes); read nothing")
       ("drop", po::bool_switch(),
@@ -180,6 +198,12 @@ int run_load_bench(const po::variables_map& vm) {
   if (mode == "model-load") plan = "model";
   auto table = models::model_table_for(ck->config(), config_path, topts);
   if (!table) throw ConfigError(fmt::format("{}: no model table for this class; cannot plan slices", model), true);
+  // --device (a session option of every bench): where the slices go, cpu unless named (cuda, cuda:N);
+  // on a GPU the JSON line also gives the device memory the load holds.
+  std::string device = vm.count("device") ? vm["device"].as<std::string>() : std::string();
+  if (device.empty()) device = "cpu";
+  const c10::Device dev = parse_bench_device(device);
+  if (dev.is_cuda() && mode == "sequential") throw ConfigError("--device: the sequential read is a host read; run it without --device", true);
   SimulatedGroup group(rank, tp);
   const parallel::TpContext tp_context{rank, tp, tp > 1 ? &group : nullptr};
 
@@ -245,6 +269,8 @@ int run_load_bench(const po::variables_map& vm) {
     return 0;
   }
 
+  // The device's context exists before the clock starts (its memory is not the load's).
+  const std::optional<uint64_t> device_used_before = device_used_bytes(dev);
   const uint64_t rss_before = self_status_bytes("VmRSS");
   reset_peak_rss();
   // Reading /proc/self/io adds its own ~100 bytes to rchar: measured here
@@ -260,6 +286,7 @@ int run_load_bench(const po::variables_map& vm) {
     checkpoint::SafetensorsSource src(ck);
     models::ModelOptions o = topts;
     o.dtype = vm["dtype"].as<std::string>().empty() ? stored_compute_dtype(*ck) : vm["dtype"].as<std::string>();
+    o.device = device;
     loaded_model = models::load_model(src, ck->config(), config_path, tp_context, o);
     loaded_bytes = held_bytes = loaded_model->bytes_loaded();
     largest_item = largest_planned;
@@ -301,6 +328,7 @@ int run_load_bench(const po::variables_map& vm) {
     checkpoint::LoadOptions o;
     if (mode == "load-then-shard") o.mode = checkpoint::LoadMode::LoadThenShard;
     o.dtype = vm["dtype"].as<std::string>();
+    o.device = device;
     checkpoint::SafetensorsSource src(ck);
     checkpoint::ShardLoader loader(src, o);
     auto nbytes = [](const at::Tensor& t) { return static_cast<uint64_t>(t.numel()) * t.element_size(); };
@@ -327,6 +355,8 @@ int run_load_bench(const po::variables_map& vm) {
       src.close();
     }
   }
+  synchronize_device(device);  // the last copies and conversions done before the clock stops
+  const std::optional<uint64_t> device_used_after = device_used_bytes(dev);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const uint64_t rchar_after = proc_io("rchar:");
   const uint64_t read = rchar_after - rchar_before >= rchar_self ? rchar_after - rchar_before - rchar_self : 0;
@@ -354,7 +384,14 @@ int run_load_bench(const po::variables_map& vm) {
                       {"rchar_self_bytes", rchar_self},
                       {"rss_before", rss_before},
                       {"peak_rss", peak},
-                      {"peak_growth", peak > rss_before ? peak - rss_before : 0}};
+                      {"peak_growth", peak > rss_before ? peak - rss_before : 0},
+                      {"device", device}};
+  if (device_used_before && device_used_after) {
+    // What the load holds on the device: its memory in use (not counting blocks libtorch's caching
+    // allocator keeps free) after the load less before it; equal to the kept slices where nothing
+    // else allocated on the device.
+    j["device_bytes_after_load"] = *device_used_after > *device_used_before ? *device_used_after - *device_used_before : 0;
+  }
   std::cout << j.dump() << "\n";
   return 0;
 }

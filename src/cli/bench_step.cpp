@@ -48,6 +48,7 @@
 #include "dist/communicator.h"
 #include "dist/device_mesh.h"
 #include "dist/mesh.h"
+#include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
 #include "dist/session.h"
@@ -70,12 +71,15 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Seconds of `fn` on this rank after a world barrier; the slowest rank's.
+// Seconds of `fn` on this rank after a world barrier, the work it queued on
+// `device` finished (CUDA runs asynchronously); the slowest rank's.
 template <typename Fn>
-double timed_max(dist::Communicator& world, Fn fn) {
+double timed_max(dist::Communicator& world, const std::string& device, Fn fn) {
+  synchronize_device(device);
   world.barrier();
   const auto t0 = Clock::now();
   fn();
+  synchronize_device(device);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   at::Tensor worst = at::full({1}, s, at::TensorOptions().dtype(at::kDouble));
   world.all_reduce(worst, {dist::ReduceOp::Max});
@@ -133,9 +137,9 @@ struct StepTimes {
 };
 
 // `warmup` untimed forwards (the first records this rank's matrix products),
-// then `iters` timed ones.
+// then `iters` timed ones, on `device`.
 StepTimes time_forwards(models::Model& model, const std::map<std::string, at::Tensor>& inputs,
-                        dist::Communicator& world, int warmup, int iters) {
+                        dist::Communicator& world, const std::string& device, int warmup, int iters) {
   const std::string output = model.primary_output();
   StepTimes t;
   {
@@ -145,7 +149,7 @@ StepTimes time_forwards(models::Model& model, const std::map<std::string, at::Te
   }
   for (int i = 1; i < warmup; ++i) t.sample = model.forward(inputs).at(output);
   for (int i = 0; i < iters; ++i) {
-    t.fwd.push_back(timed_max(world, [&] { t.sample = model.forward(inputs).at(output); }));
+    t.fwd.push_back(timed_max(world, device, [&] { t.sample = model.forward(inputs).at(output); }));
   }
   // Before the baseline allocates its operands: this process's peak so far.
   t.peak_rss = self_status_bytes("VmHWM");
@@ -180,7 +184,7 @@ std::vector<double> time_bare_matmuls(dist::Communicator& world, const std::vect
   };
   for (int i = 0; i < warmup; ++i) bare_pass();
   std::vector<double> bare;
-  for (int i = 0; i < iters; ++i) bare.push_back(timed_max(world, bare_pass));
+  for (int i = 0; i < iters; ++i) bare.push_back(timed_max(world, opts.device().str(), bare_pass));
   return bare;
 }
 
@@ -248,7 +252,7 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
   auto inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
   auto model = load_component(args, tp, session.device().device);
   const uint64_t rss_loaded = self_status_bytes("VmRSS");
-  const StepTimes times = time_forwards(*model, inputs, world, warmup, iters);
+  const StepTimes times = time_forwards(*model, inputs, world, session.device().device, warmup, iters);
 
   const bool skip_bare = vm["no-bare"].as<bool>();
   const auto dt = checkpoint::parse_compute_dtype(args.dtype, "--dtype");

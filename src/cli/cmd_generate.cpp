@@ -20,6 +20,7 @@
 #include "pipelines/pipeline.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
+#include "runtime/out_of_memory.h"
 #include "dist/session.h"
 
 namespace tprun::cli {
@@ -188,6 +189,23 @@ void report_and_write(const po::variables_map& vm, const pipelines::GenerationRe
   }
 }
 
+// Inside the catch around the request: out of memory as a RequestError
+// naming the request (exit 6); in a TP group of several ranks not marked
+// all_ranks, so every rank is ended at once (the others wait in a
+// collective). Anything else unchanged.
+[[noreturn]] void throw_generate_out_of_memory(const GenerationRequest& req, const parallel::TpContext& tp,
+                                               const std::string& device) {
+  const RequestError e = out_of_memory_error(
+      std::current_exception(),
+      fmt::format("the request ({}x{}, seed {})", req.height.value_or(0), req.width.value_or(0), req.seed),
+      device);
+  if (tp.size <= 1) throw e;
+  throw Error(Error::Kind::Request,
+              fmt::format("{}. On TP rank {} of {} the group cannot go on in step (its other ranks wait in the same "
+                          "forward), so every rank ends here",
+                          e.what(), tp.rank, tp.size));
+}
+
 }  // namespace
 
 Command generate_command() {
@@ -218,9 +236,14 @@ Command generate_command() {
     spdlog::info("loaded {} ({}) in {:.2f} s ({} bytes on this rank), tp {}, dtype {}", model, pipe->class_name(),
                  load_s, pipe->bytes_loaded(), tp.size, opts.dtype);
     const bool lead = session.rank() == 0;
-    auto res = pipe->generate(req, [&](int64_t i, int64_t n, double s) {
-      if (lead) spdlog::info("step {}/{}: {:.3f} s", i + 1, n, s);
-    });
+    pipelines::GenerationResult res;
+    try {
+      res = pipe->generate(req, [&](int64_t i, int64_t n, double s) {
+        if (lead) spdlog::info("step {}/{}: {:.3f} s", i + 1, n, s);
+      });
+    } catch (...) {
+      throw_generate_out_of_memory(req, tp, session.device().device);
+    }
     if (lead) report_and_write(vm, res, req, model, opts.dtype, tp);
     mesh->world().barrier();
     return 0;

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "dist/nccl_communicator.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -23,6 +24,10 @@ void add_session_options(po::options_description& desc) {
        "trace|debug|info|warn|error|critical|off (default: $SPDLOG_LEVEL, else info)")
       ("log-dir", po::value<std::string>()->default_value("logs"),
        "per-rank debug logs go to <dir>/rank-NNNN.log; empty: none")
+      ("comm", po::value<std::string>()->default_value("auto"),
+       "auto|nccl|mpi: the TP group's backend for CUDA tensors; auto: NCCL where this build has it, "
+       "else mpi (MPI staged through pinned host memory; also works with several ranks on one GPU, "
+       "which NCCL refuses). CPU ranks always use MPI")
       ("comm-timeout", po::value<double>()->default_value(1800.0),
        "seconds a collective may wait for its peers before the job is ended (at least 0.001); 0: forever");
   desc.add(rt);
@@ -45,6 +50,23 @@ void check_comm_timeout(double seconds) {
   }
 }
 
+// Every rank parses the same command line, so these errors are the same on all ranks.
+dist::CommChoice comm_choice(const std::string& name, const std::string& device) {
+  const auto choice = dist::comm_choice_from_name(name);
+  if (!choice) throw ConfigError(fmt::format("--comm {}: must be auto, nccl or mpi", name), true);
+  if (*choice == dist::CommChoice::Nccl && device == "cpu") {
+    throw ConfigError("--comm nccl with --device cpu: NCCL reduces CUDA tensors only; CPU ranks use MPI "
+                      "(drop --comm, or choose --device cuda)",
+                      true);
+  }
+  if (*choice == dist::CommChoice::Nccl && !dist::nccl_compiled()) {
+    throw ConfigError("--comm nccl: this tprun was built without NCCL (libtorch without CUDA, or nccl.h not "
+                      "found at configure time); use --comm mpi or --comm auto",
+                      true);
+  }
+  return *choice;
+}
+
 }  // namespace
 
 SessionOptions session_options_from(const po::variables_map& vm) {
@@ -56,6 +78,7 @@ SessionOptions session_options_from(const po::variables_map& vm) {
   o.log_dir = vm["log-dir"].as<std::string>();
   o.comm_timeout_s = vm["comm-timeout"].as<double>();
   check_comm_timeout(o.comm_timeout_s);
+  o.comm = comm_choice(vm["comm"].as<std::string>(), o.device);
   return o;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
-// Options every rank-starting subcommand shares: device, threads, logging and
-// the communication timeout.
+// Options every rank-starting subcommand shares: device, threads, logging, the
+// TP backend for CUDA tensors and the communication timeout.
 
 #include <boost/program_options.hpp>
 

@@ -23,23 +23,31 @@
 
 #include "dist/comm_watchdog.h"
 #include "dist/mpi_world.h"
+#include "dist/nccl_check.h"
+#include "runtime/cuda_check.h"
 
 namespace tprun::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string nccl_error_text(ncclComm_t comm, ncclResult_t rc) {
-  std::string text = ncclGetErrorString(rc);
-  if (comm != nullptr) {
-    const char* last = ncclGetLastError(comm);
-    if (last != nullptr && *last != '\0') text += fmt::format(" ({})", last);
-  }
-  return text;
+// An enqueued NCCL call as the checked-call messages name it.
+#define TPRUN_NCCL_ENQUEUE(call) enqueue(__FILE__, __LINE__, #call, call)
+
+// Cleanup on a failure path or in a destructor: never throws; a failure is
+// only logged, since an error is being reported already.
+void abort_quietly(ncclComm_t comm) noexcept {
+  const ncclResult_t rc = ncclCommAbort(comm);
+  if (rc != ncclSuccess)
+    spdlog::warn("{}", nccl_failure_text(__FILE__, __LINE__, "ncclCommAbort(comm)", rc, nullptr));
 }
 
-void check_cuda(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess) throw CommError(fmt::format("{} failed: {}", what, cudaGetErrorString(rc)));
+void destroy_event_quietly(cudaEvent_t ev) noexcept {
+  const cudaError_t rc = cudaEventDestroy(ev);
+  if (rc != cudaSuccess) {
+    spdlog::debug("{}", cuda_failure_text(__FILE__, __LINE__, "cudaEventDestroy(ev)", rc));
+    (void)cudaGetLastError();
+  }
 }
 
 ncclDataType_t nccl_type(const at::Tensor& t, const std::string& group) {
@@ -69,22 +77,14 @@ class NcclCommunicator final : public Communicator {
     timeout_ = watchdog != nullptr && watchdog->timeout().count() > 0
                    ? watchdog->timeout()
                    : std::chrono::milliseconds(30LL * 60 * 1000);
-    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    TPRUN_CUDA_CHECK(cudaSetDevice(device_));
     ncclUniqueId id;
-    if (rank_ == 0) {
-      ncclResult_t rc = ncclGetUniqueId(&id);
-      if (rc != ncclSuccess)
-        throw CommError(fmt::format("ncclGetUniqueId failed: {}", ncclGetErrorString(rc)));
-    }
+    if (rank_ == 0) TPRUN_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
     check_mpi(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, bootstrap.handle()), "MPI_Bcast(ncclUniqueId)");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclResult_t rc = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
-    if (rc != ncclSuccess && rc != ncclInProgress) {
-      throw CommError(fmt::format("ncclCommInitRankConfig on group {} failed: {}", name_,
-                                  nccl_error_text(comm_, rc)));
-    }
-    wait_ready("ncclCommInitRankConfig");
+    // Non-blocking: ncclInProgress is the normal answer; wait_ready waits for it.
+    TPRUN_NCCL_ENQUEUE(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
     if (watchdog_ != nullptr) poll_id_ = watchdog_->add_poll([this] { return poll(); });
     spdlog::debug("NCCL communicator {} ready: rank {}/{} on cuda:{}", name_, rank_, size_, device_);
   }
@@ -92,22 +92,26 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     if (watchdog_ != nullptr && poll_id_ != 0) watchdog_->remove_poll(poll_id_);
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& w : pending_) cudaEventDestroy(w.event);
+    for (auto& w : pending_) destroy_event_quietly(w.event);
     pending_.clear();
     if (comm_ != nullptr) {
-      // Finalize flushes outstanding work; on a broken communicator abort instead.
+      // Finalize flushes outstanding work; on a broken communicator abort
+      // instead. Nothing here throws: a failed query counts as broken.
       ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
+      if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) async = ncclInternalError;
       if (async == ncclSuccess && ncclCommFinalize(comm_) == ncclSuccess) {
         auto start = Clock::now();
         do {
-          ncclCommGetAsyncError(comm_, &async);
+          if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) async = ncclInternalError;
         } while (async == ncclInProgress && Clock::now() - start < std::chrono::seconds(10));
       }
-      if (async == ncclSuccess)
-        ncclCommDestroy(comm_);
-      else
-        ncclCommAbort(comm_);
+      if (async == ncclSuccess) {
+        const ncclResult_t rc = ncclCommDestroy(comm_);
+        if (rc != ncclSuccess)
+          spdlog::warn("{}", nccl_failure_text(__FILE__, __LINE__, "ncclCommDestroy(comm_)", rc, nullptr));
+      } else {
+        abort_quietly(comm_);
+      }
       comm_ = nullptr;
     }
   }
@@ -122,10 +126,10 @@ class NcclCommunicator final : public Communicator {
     if (tensor.numel() == 0) return;
     at::Tensor work = tensor.is_contiguous() ? tensor : tensor.contiguous();
     auto stream = at::cuda::getCurrentCUDAStream(device_);
-    enqueue("ncclAllReduce", ncclAllReduce(work.data_ptr(), work.data_ptr(),
-                                           static_cast<size_t>(work.numel()), nccl_type(work, name_),
-                                           options.op == ReduceOp::Sum ? ncclSum : ncclMax, comm_,
-                                           stream.stream()));
+    const ncclDataType_t type = nccl_type(work, name_);
+    const ncclRedOp_t op = options.op == ReduceOp::Sum ? ncclSum : ncclMax;
+    const size_t count = static_cast<size_t>(work.numel());
+    TPRUN_NCCL_ENQUEUE(ncclAllReduce(work.data_ptr(), work.data_ptr(), count, type, op, comm_, stream.stream()));
     track(stream.stream(), "all_reduce");
     if (!work.is_same(tensor)) tensor.copy_(work);
   }
@@ -142,9 +146,9 @@ class NcclCommunicator final : public Communicator {
     at::Tensor stacked = at::empty(stacked_shape, src.options());
     if (src.numel() > 0) {
       auto stream = at::cuda::getCurrentCUDAStream(device_);
-      enqueue("ncclAllGather",
-              ncclAllGather(src.data_ptr(), stacked.data_ptr(), static_cast<size_t>(src.numel()),
-                            nccl_type(src, name_), comm_, stream.stream()));
+      const ncclDataType_t type = nccl_type(src, name_);
+      const size_t count = static_cast<size_t>(src.numel());
+      TPRUN_NCCL_ENQUEUE(ncclAllGather(src.data_ptr(), stacked.data_ptr(), count, type, comm_, stream.stream()));
       track(stream.stream(), "all_gather");
     }
     if (dim == 0) {
@@ -163,9 +167,10 @@ class NcclCommunicator final : public Communicator {
     if (tensor.numel() == 0) return;
     at::Tensor work = tensor.is_contiguous() ? tensor : tensor.contiguous();
     auto stream = at::cuda::getCurrentCUDAStream(device_);
-    enqueue("ncclBroadcast", ncclBroadcast(work.data_ptr(), work.data_ptr(),
-                                           static_cast<size_t>(work.numel()), nccl_type(work, name_),
-                                           options.root, comm_, stream.stream()));
+    const ncclDataType_t type = nccl_type(work, name_);
+    const size_t count = static_cast<size_t>(work.numel());
+    TPRUN_NCCL_ENQUEUE(
+        ncclBroadcast(work.data_ptr(), work.data_ptr(), count, type, options.root, comm_, stream.stream()));
     track(stream.stream(), "broadcast");
     if (!work.is_same(tensor)) tensor.copy_(work);
   }
@@ -174,18 +179,18 @@ class NcclCommunicator final : public Communicator {
     stats_.record(CollectiveKind::Barrier, 0);
     at::Tensor one = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device_));
     auto stream = at::cuda::getCurrentCUDAStream(device_);
-    enqueue("ncclAllReduce(barrier)", ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32,
-                                                    ncclSum, comm_, stream.stream()));
+    TPRUN_NCCL_ENQUEUE(ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm_, stream.stream()));
     // Wait on the host, polling for asynchronous errors with the deadline.
     auto start = Clock::now();
     while (true) {
-      cudaError_t q = cudaStreamQuery(stream.stream());
+      const cudaError_t q = cudaStreamQuery(stream.stream());
       if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) check_cuda(q, "cudaStreamQuery(barrier)");
+      // Not ready is the answer the loop waits through, not an error.
+      if (q != cudaErrorNotReady) throw_cuda_failure(__FILE__, __LINE__, "cudaStreamQuery(stream.stream())", q);
       std::string err = async_error();
       if (!err.empty()) throw CommError(err);
       if (Clock::now() - start > timeout_) {
-        ncclCommAbort(comm_);
+        abort_quietly(comm_);
         comm_ = nullptr;
         throw CommError(fmt::format("barrier on group {} timed out after {} s; communicator aborted",
                                     name_, timeout_.count() / 1000));
@@ -209,32 +214,37 @@ class NcclCommunicator final : public Communicator {
     if (comm_ == nullptr) throw CommError(fmt::format("{} on group {}: communicator was aborted", what, name_));
   }
 
-  // Non-blocking communicators may answer ncclInProgress; wait for the enqueue.
-  void enqueue(const char* what, ncclResult_t rc) {
+  // Non-blocking communicators may answer ncclInProgress; wait for the
+  // enqueue. Failures are reported like TPRUN_NCCL_CHECK's, naming the call.
+  void enqueue(const char* file, int line, const char* call, ncclResult_t rc) {
     if (rc == ncclSuccess) return;
-    if (rc != ncclInProgress)
-      throw CommError(fmt::format("{} on group {} failed: {}", what, name_, nccl_error_text(comm_, rc)));
-    wait_ready(what);
+    if (rc != ncclInProgress) {
+      throw CommError(fmt::format("group {}: {}", name_,
+                                  nccl_failure_text(file, line, call, rc, nccl_last_error(comm_))));
+    }
+    wait_ready(file, line, call);
   }
 
-  void wait_ready(const char* what) {
+  void wait_ready(const char* file, int line, const char* call) {
     auto start = Clock::now();
-    ncclResult_t state = ncclInProgress;
     while (true) {
-      ncclCommGetAsyncError(comm_, &state);
+      ncclResult_t state = ncclInProgress;
+      TPRUN_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state), comm_);
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) {
-        std::string text = nccl_error_text(comm_, state);
-        ncclCommAbort(comm_);
+        std::string text = nccl_failure_text(file, line, call, state, nccl_last_error(comm_));
+        abort_quietly(comm_);
         comm_ = nullptr;
-        throw CommError(fmt::format("{} on group {} failed: {}", what, name_, text));
+        throw CommError(fmt::format("group {}: {}", name_, text));
       }
       if (Clock::now() - start > timeout_) {
-        ncclCommAbort(comm_);
+        abort_quietly(comm_);
         comm_ = nullptr;
-        throw CommError(fmt::format("{} on group {} did not complete within {} s; communicator "
-                                    "aborted",
-                                    what, name_, timeout_.count() / 1000));
+        throw CommError(fmt::format("group {}: {}", name_,
+                                    failed_call_message(file, line, call,
+                                                        fmt::format("did not complete within {} s; "
+                                                                    "communicator aborted",
+                                                                    timeout_.count() / 1000))));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -243,18 +253,32 @@ class NcclCommunicator final : public Communicator {
   void track(cudaStream_t stream, const char* what) {
     if (watchdog_ == nullptr) return;
     cudaEvent_t ev;
-    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(ev, stream), "cudaEventRecord");
+    TPRUN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    try {
+      TPRUN_CUDA_CHECK(cudaEventRecord(ev, stream));
+    } catch (...) {
+      destroy_event_quietly(ev);
+      throw;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back({ev, Clock::now(), what});
   }
 
+  // "" while healthy, else the error as text. Never throws: the watchdog
+  // thread calls it too.
   std::string async_error() {
     if (comm_ == nullptr) return fmt::format("NCCL communicator {} was aborted", name_);
     ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &state);
+    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+    if (rc != ncclSuccess) {
+      return fmt::format("NCCL communicator {}: {}", name_,
+                         nccl_failure_text(__FILE__, __LINE__, "ncclCommGetAsyncError(comm_, &state)", rc,
+                                           nccl_last_error(comm_)));
+    }
     if (state == ncclSuccess || state == ncclInProgress) return "";
-    return fmt::format("NCCL communicator {} reported: {}", name_, nccl_error_text(comm_, state));
+    return fmt::format("NCCL communicator {} reported: {}", name_,
+                       nccl_failure_text(__FILE__, __LINE__, "ncclCommGetAsyncError(comm_, &state)", state,
+                                         nccl_last_error(comm_)));
   }
 
   // Called from the watchdog thread.
@@ -263,21 +287,25 @@ class NcclCommunicator final : public Communicator {
     if (comm_ == nullptr) return "";
     std::string err = async_error();
     if (!err.empty()) {
-      ncclCommAbort(comm_);
+      abort_quietly(comm_);
       comm_ = nullptr;
       return err;
     }
     while (!pending_.empty()) {
       Work& w = pending_.front();
-      cudaError_t q = cudaEventQuery(w.event);
+      const cudaError_t q = cudaEventQuery(w.event);
       if (q == cudaSuccess) {
-        cudaEventDestroy(w.event);
+        destroy_event_quietly(w.event);
         pending_.pop_front();
         continue;
       }
-      if (q != cudaErrorNotReady) return fmt::format("CUDA error while waiting for {} on group {}: {}", w.what, name_, cudaGetErrorString(q));
+      if (q != cudaErrorNotReady) {
+        (void)cudaGetLastError();  // reported here; keep it from a later, unrelated check
+        return fmt::format("while waiting for {} on group {}: {}", w.what, name_,
+                           cuda_failure_text(__FILE__, __LINE__, "cudaEventQuery(w.event)", q));
+      }
       if (Clock::now() - w.start > timeout_) {
-        ncclCommAbort(comm_);
+        abort_quietly(comm_);
         comm_ = nullptr;
         return fmt::format("{} on group {} did not complete within {} s: a peer is stuck or dead; "
                            "communicator aborted",

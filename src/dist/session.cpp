@@ -10,15 +10,34 @@
 #include "dist/comm_watchdog.h"
 #include "dist/device_mesh.h"
 #include "dist/mpi_world.h"
+#include "dist/nccl_communicator.h"
 #include "runtime/cpu_binding.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 #include "runtime/thread_budget.h"
 
+#ifdef TPRUN_TORCH_HAS_CUDA
+#include <cuda_runtime_api.h>
+
+#include "runtime/cuda_check.h"
+#endif
+
 namespace tprun {
 namespace {
 Session* g_session = nullptr;
+
+// Makes cuda:`index` this process's current device before anything allocates
+// CUDA memory: otherwise libtorch's first allocation, a CUDA context or a
+// pinned buffer lands on device 0, and every rank of a node crowds onto it.
+void set_current_cuda_device(int index) {
+#ifdef TPRUN_TORCH_HAS_CUDA
+  TPRUN_CUDA_CHECK(cudaSetDevice(index));
+  spdlog::debug("current CUDA device set to cuda:{}", index);
+#else
+  (void)index;
+#endif
 }
+}  // namespace
 
 Session* Session::current() { return g_session; }
 
@@ -42,6 +61,13 @@ Session::Session(int* argc, char*** argv, const SessionOptions& options) {
   init_logging({env_.rank, env_.world, options.log_level, options.log_dir});
 
   device_ = choose_device(options.device, env_.local_rank, cuda_device_count(), cuda_built());
+  if (device_.cuda_index >= 0) set_current_cuda_device(device_.cuda_index);
+  comm_ = options.comm;
+  if (comm_ == dist::CommChoice::Nccl && !dist::nccl_compiled()) {
+    throw ConfigError("--comm nccl: this tprun was built without NCCL (libtorch without CUDA, or nccl.h not "
+                      "found at configure time); use --comm mpi or --comm auto",
+                      true);
+  }
 
   // CPU threads: ranks of this node that may run on the same CPUs share them.
   cpus_ = affinity_mask_string();
@@ -76,10 +102,18 @@ Session::Session(int* argc, char*** argv, const SessionOptions& options) {
   dist::CommWatchdog::set_global(watchdog_.get());
 
   spdlog::info("tprun rank {}/{} on {} (local {}/{}), environment from {}, device {} ({}), "
+               "TP backend {} (--comm {}), "
                "{} thread(s) on CPUs {} shared by {} local rank(s) (threads from {})",
                env_.rank, env_.world, host_, env_.local_rank, env_.local_size, env_.source,
-               device_.device, device_.reason, threads_, cpus_, sharing,
-               budget.warning ? tc.reason + ", lowered for the address-space limit" : tc.reason);
+               device_.device, device_.reason, tp_backend(), dist::comm_choice_name(comm_), threads_, cpus_,
+               sharing, budget.warning ? tc.reason + ", lowered for the address-space limit" : tc.reason);
+  if (device_.cuda_index >= 0 && comm_ == dist::CommChoice::Auto && !dist::nccl_compiled() && env_.rank == 0) {
+    spdlog::info("TP collectives on CUDA tensors go through MPI, staged in pinned host memory: this tprun was "
+                 "built without NCCL");
+  }
+  if (device_.cuda_index < 0 && comm_ == dist::CommChoice::Nccl && env_.rank == 0) {
+    spdlog::info("--comm nccl: this rank computes on the CPU, so its collectives use MPI");
+  }
   if (budget.limit) {
     // In KiB, the unit of `ulimit -v` (tests/scripts/hostile_limits.sh reads this line).
     spdlog::debug("address-space limit {} KiB (ulimit -v): {} KiB in use at start-up, {} KiB per thread stack, "
@@ -105,8 +139,16 @@ Session::~Session() {
 std::unique_ptr<dist::DeviceMesh> Session::make_mesh(const dist::MeshSpec& spec) const {
   dist::MeshContext ctx;
   ctx.cuda_device = device_.cuda_index;
+  ctx.comm = comm_;
   ctx.watchdog = watchdog_.get();
   return dist::DeviceMesh::create(spec, ctx);
+}
+
+const char* Session::tp_backend() const {
+  dist::MeshContext ctx;
+  ctx.cuda_device = device_.cuda_index;
+  ctx.comm = comm_;
+  return dist::tp_device_backend(ctx);
 }
 
 }  // namespace tprun

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/device_mesh.h"
 #include "runtime/device.h"
 #include "runtime/rank_env.h"
 
@@ -14,8 +15,6 @@ namespace tprun {
 
 namespace dist {
 class CommWatchdog;
-class DeviceMesh;
-struct MeshSpec;
 }  // namespace dist
 
 struct SessionOptions {
@@ -24,6 +23,7 @@ struct SessionOptions {
   std::string log_level;       // "" = SPDLOG_LEVEL or info
   std::string log_dir = "logs";
   double comm_timeout_s = 1800;  // <= 0: no deadline
+  dist::CommChoice comm = dist::CommChoice::Auto;  // TP backend for CUDA tensors (--comm)
 };
 
 class Session {
@@ -44,6 +44,9 @@ class Session {
   int threads() const { return threads_; }
   const std::string& cpus() const { return cpus_; }
   dist::CommWatchdog* watchdog() const { return watchdog_.get(); }
+  dist::CommChoice comm() const { return comm_; }
+  // The TP group's backend for this rank's device: "mpi", "nccl" or "mpi-staged".
+  const char* tp_backend() const;
 
   // Collective: builds the mesh for this session's device.
   std::unique_ptr<dist::DeviceMesh> make_mesh(const dist::MeshSpec& spec) const;
@@ -54,6 +57,7 @@ class Session {
   DeviceChoice device_;
   int threads_ = 1;
   std::string cpus_;
+  dist::CommChoice comm_ = dist::CommChoice::Auto;
   std::unique_ptr<dist::CommWatchdog> watchdog_;
 };
 

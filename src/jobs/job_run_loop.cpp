@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -13,9 +14,37 @@
 #include "jobs/staged_phases.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
+#include "runtime/out_of_memory.h"
 
 namespace tprun::jobs {
 namespace fs = std::filesystem;
+
+namespace {
+
+// "request 'a'" or "requests 'a', 'b'" (a batch), for messages.
+std::string requests_label(const Unit& unit, const std::vector<size_t>& live) {
+  std::vector<std::string> ids;
+  for (size_t k : live) {
+    if (ids.size() == 4) {
+      ids.push_back("…");
+      break;
+    }
+    ids.push_back("'" + clip_text(unit[k]->id) + "'");
+  }
+  return fmt::format("{} {}", live.size() == 1 ? "request" : "requests", fmt::join(ids, ", "));
+}
+
+// Out of memory where the job cannot go on without the failed work (`why`).
+// Not all_ranks: the process boundary aborts every rank at once (peers in a
+// collective would otherwise hang). Exit code 6; what is recorded stays.
+[[noreturn]] void end_job_out_of_memory(const RequestError& e, const std::string& why, const char* from) {
+  throw Error(Error::Kind::Request,
+              fmt::format("{}. {}, so the job ends here; rerun the same command once it fits and the job resumes "
+                          "from {} (what is recorded is kept)",
+                          e.what(), why, from));
+}
+
+}  // namespace
 
 // A staged round's encode phase: the texts its requests need that the
 // embedding cache lacks are encoded (the text encoders loaded for it), then
@@ -29,10 +58,23 @@ bool JobRun::encode_phase(const std::vector<Unit>& round) {
   round_encode_s_ = 0;
   if (!pending.empty()) {
     if (!encoders_loaded_) load_pipeline(true);
-    const EncodeRound er = encode_texts(*pipe_, pending, mesh_->dp_rank(), *embeddings_, *mesh_, [&] {
-      drain();
-      return agree_stop();
-    });
+    EncodeRound er;
+    try {
+      er = encode_texts(*pipe_, pending, mesh_->dp_rank(), *embeddings_, *mesh_, [&] {
+        drain();
+        return agree_stop();
+      });
+    } catch (...) {
+      // Which text ran out is not known here, and the encoders may be
+      // sharded over the group: out of memory ends the job (exit 6).
+      const RequestError e = out_of_memory_error(
+          std::current_exception(),
+          fmt::format("the staged encode phase (replica {}, {} text(s) of {} request(s) from '{}')", mesh_->dp_rank(),
+                      pending.size(), requests, clip_text(round.front().front()->id)),
+          session_.device().device);
+      end_job_out_of_memory(e, "Which text it was is not known here and the encoders may be sharded over the TP "
+                               "group", "this round's requests");
+    }
     texts_encoded_ += er.encoded;
     encode_failed_.insert(er.failed.begin(), er.failed.end());
     round_encode_s_ = requests > 0 ? er.seconds / static_cast<double>(requests) : 0;
@@ -135,16 +177,32 @@ void JobRun::run_unit(const Unit& unit) {
   }
   const auto t0 = Clock::now();
   if (!gens.empty()) try {
-    // A stop is agreed at every denoise step, not only between requests: a
-    // request can take longer than the launcher's grace before its SIGKILL.
-    auto results = pipe_->generate_batch(gens, [&](int64_t step, int64_t steps, double) {
-      drain();
-      if (!agree_stop()) return;
-      if (rank_ == 0) {
-        spdlog::info("stopping at step {} of {} of {}; it runs again on resume", step + 1, steps, unit.front()->id);
+    std::vector<pipelines::GenerationResult> results;
+    try {
+      // A stop is agreed at every denoise step, not only between requests: a
+      // request can take longer than the launcher's grace before its SIGKILL.
+      results = pipe_->generate_batch(gens, [&](int64_t step, int64_t steps, double) {
+        drain();
+        if (!agree_stop()) return;
+        if (rank_ == 0) {
+          spdlog::info("stopping at step {} of {} of {}; it runs again on resume", step + 1, steps, unit.front()->id);
+        }
+        throw StopAgreed{};
+      });
+    } catch (...) {
+      // Out of memory (anything else goes on unchanged): at tp 1 the unit's
+      // requests fail (below) and the batch goes on with the caches given
+      // back; in a larger TP group the job ends.
+      const RequestError e =
+          out_of_memory_error(std::current_exception(), requests_label(unit, live), session_.device().device);
+      if (mesh_->tp_size() > 1) {
+        end_job_out_of_memory(e, fmt::format("On TP rank {} of {} (replica {}) the group cannot go on in step: its "
+                                             "other ranks wait in the same forward",
+                                             mesh_->tp_rank(), mesh_->tp_size(), mesh_->dp_rank()),
+                              live.size() == 1 ? "this request" : "these requests");
       }
-      throw StopAgreed{};
-    });
+      throw e;
+    }
     for (size_t i = 0; i < live.size(); ++i) {
       const JobRequest& req = *unit[live[i]];
       const auto& res = results[i];

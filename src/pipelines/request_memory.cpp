@@ -250,12 +250,14 @@ void rethrow_generation_failure(const parallel::TpContext& tp) {
         "ran out of memory while generating ({}; {} available now); try a smaller height/width, "
         "--memory vae_tiling=true or --memory attention_chunk=4096",
         what, avail ? format_bytes(*avail) : std::string("availability unknown"));
-    if (tp.size <= 1) throw RequestError(msg, true);
+    // Nested: the caller that knows the request (runtime/out_of_memory.h) can
+    // still read the allocator's exception.
+    if (tp.size <= 1) std::throw_with_nested(RequestError(msg, true));
     // Peers of the TP group may be waiting in a collective this rank will
     // never join: the job cannot go on in step.
-    throw Error(Error::Kind::Request,
-                fmt::format("TP rank {} of {} {}; the TP group cannot continue in step, ending the job", tp.rank,
-                            tp.size, msg));
+    std::throw_with_nested(
+        Error(Error::Kind::Request, fmt::format("TP rank {} of {} {}; the TP group cannot continue in step, ending "
+                                                "the job", tp.rank, tp.size, msg)));
   }
 }
 

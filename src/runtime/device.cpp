@@ -89,6 +89,13 @@ int cuda_device_count() {
   }
 }
 
+void synchronize_device(const std::string& device) {
+  const c10::Device dev(device);
+  if (!dev.is_cuda()) return;
+  auto& hooks = at::detail::getCUDAHooks();
+  hooks.deviceSynchronize(dev.has_index() ? dev.index() : hooks.current_device());
+}
+
 int cpus_in_affinity_mask() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -25,6 +25,11 @@ int cpu_threads_for_rank(int cpus_in_mask, int ranks_sharing_mask);
 int cuda_device_count();
 bool cuda_built();
 
+// Waits until every kernel and copy queued on device `device` ("cpu", "cuda",
+// "cuda:N") has finished; nothing on CPU. Timers of device work call it before
+// reading the clock: CUDA work is asynchronous.
+void synchronize_device(const std::string& device);
+
 // This process's CPU affinity: the number of CPUs and a canonical string of
 // them ("0-1"), used to find ranks that share CPUs.
 int cpus_in_affinity_mask();

@@ -14,6 +14,7 @@ const char* Error::kind_name() const noexcept {
     case Kind::Comm: return "communication error";
     case Kind::Request: return "request error";
     case Kind::Io: return "I/O error";
+    case Kind::Device: return "device error";
     case Kind::Internal: break;
   }
   return "internal error";
@@ -26,6 +27,7 @@ int Error::exit_code() const noexcept {
     case Kind::Comm: return exit_code::kComm;
     case Kind::Request: return exit_code::kRequest;
     case Kind::Io: return exit_code::kIo;
+    case Kind::Device: return exit_code::kDevice;
     case Kind::Internal: break;
   }
   return exit_code::kInternal;
@@ -38,6 +40,7 @@ void rethrow_on_all_ranks(const Error& e) {
     case Error::Kind::Comm: throw CommError(e.what(), true);
     case Error::Kind::Request: throw RequestError(e.what(), true);
     case Error::Kind::Io: throw IoError(e.what(), true);
+    case Error::Kind::Device: throw DeviceError(e.what(), true);
     case Error::Kind::Internal: break;
   }
   throw Error(Error::Kind::Internal, e.what(), true);

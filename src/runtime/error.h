@@ -10,7 +10,7 @@ namespace tprun {
 
 class Error : public std::runtime_error {
  public:
-  enum class Kind { Config, Checkpoint, Comm, Request, Io, Internal };
+  enum class Kind { Config, Checkpoint, Comm, Request, Io, Device, Internal };
 
   // `all_ranks`: every rank of the job detects this same error at the same
   // point (it was computed from values every rank shares, or rank 0 decided and
@@ -66,6 +66,14 @@ class IoError : public Error {
   explicit IoError(const std::string& m, bool all_ranks = false) : Error(Kind::Io, m, all_ranks) {}
 };
 
+// A call into the accelerator's runtime failed (a CUDA error other than a
+// request running out of memory, which is a RequestError): the message names
+// the source file, line and call (runtime/cuda_check.h).
+class DeviceError : public Error {
+ public:
+  explicit DeviceError(const std::string& m, bool all_ranks = false) : Error(Kind::Device, m, all_ranks) {}
+};
+
 // "<what>: <path>: <strerror(err)>" as an IoError (err: an errno value).
 [[noreturn]] void throw_io_error(const std::string& what, const std::string& path, int err);
 
@@ -87,6 +95,7 @@ constexpr int kCheckpoint = 4;
 constexpr int kComm = 5;
 constexpr int kRequest = 6;
 constexpr int kIo = 7;
+constexpr int kDevice = 8;
 }  // namespace exit_code
 
 }  // namespace tprun

@@ -17,10 +17,28 @@
 namespace tprun::dist {
 namespace {
 
+// Ranks of this node (NCCL needs a GPU of its own for each).
+int ranks_on_this_node() {
+  MPI_Comm local = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int n = 1;
+  MPI_Comm_size(local, &n);
+  MPI_Comm_free(&local);
+  return n;
+}
+
 TEST(GpuNccl, CollectivesOnCudaTensors) {
   if (!nccl_compiled()) GTEST_SKIP() << "built without NCCL";
   const int gpus = cuda_device_count();
-  if (gpus == 0) GTEST_SKIP() << "no GPU visible";
+  const int local = ranks_on_this_node();
+  // Decided together: a rank that skipped would leave the others waiting in NCCL's bootstrap.
+  int skip = gpus == 0 || local > gpus ? 1 : 0, any_skip = 0;
+  MPI_Allreduce(&skip, &any_skip, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_skip != 0) {
+    if (gpus == 0) GTEST_SKIP() << "no GPU visible";
+    GTEST_SKIP() << local << " ranks on this node share " << gpus
+                 << " GPU(s): NCCL refuses two ranks on one GPU (GpuStagedMpi covers this case)";
+  }
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -5,8 +5,13 @@
 #                       the available memory, the others are done, exit 6, no SIGABRT
 #   oversized_run_tp2   the same at tp 2: both ranks of the group refuse alike (no hang)
 #   oom_converted       the same with the estimate off (TPRUN_MEMORY_CHECK=0): the allocation
-#                       failure itself fails the request (no SIGABRT), the others are done
+#                       failure itself fails the request (no SIGABRT), its record naming the request,
+#                       the memory it asked for, the device and what is left there
+#                       (runtime/out_of_memory.h); the others are done
 #   oversized_generate  `tprun generate` of such an image: exit 6 with both numbers, no abort
+#   oom_tp2_ends_job    the same at tp 2: the group cannot skip the request, so the job ends at
+#                       once (exit 6, no hang) naming it, unrecorded so that the rerun resumes from it
+#   oom_generate        `tprun generate` running out: exit 6 naming the request, no image
 #   binding_warns       `mpirun -np 1 --bind-to core` warns once with the fix; `--bind-to none` does not
 #   threads             --threads beyond the rank's CPUs warns; SLURM_CPUS_PER_TASK sets the threads
 # usage: memory_binding_cases.sh CASE TPRUN MPIRUN
@@ -80,18 +85,22 @@ oversized_run_tp2)
   grep -q 'on TP rank 0 of 2' out-job/results.jsonl || fail "the refusing rank of the group is not named"
   ;;
 oom_converted)
-  # The estimate switched off: the allocation failure itself becomes the request's error.
+  # The estimate switched off: the allocation failure itself becomes the request's error, naming the
+  # request, the memory asked for and what is left; the other requests finish.
   model; job 1
   run 300 bash -c "ulimit -v $limit_kib && exec $mpirun -np 1 -x TPRUN_MEMORY_CHECK=0 $tprun run job.toml --log-dir '' \
     --progress none"
   no_abort
   [ "$rc" -eq 6 ] || fail "exit $rc (a job with a failed request exits 6)"
   res=out-job/results.jsonl
-  grep '"id":"huge"' "$res" | grep -q '"status":"failed"' || fail "huge not failed"
+  grep '"id":"huge"' "$res" | grep -q '"status":"failed"' || fail "huge not failed: $(cat "$res")"
   grep '"id":"huge"' "$res" | grep -q "ran out of memory while generating (.*can't allocate memory" ||
     fail "the allocation failure is not the error: $(grep huge "$res")"
+  grep '"id":"huge"' "$res" | grep -q -E "request 'huge' ran out of memory while generating \(asked for [0-9.]+ [KMGT]?i?B on cpu, [0-9.]+ [KMGT]?i?B available there now" ||
+    fail "the error does not name the request, the memory asked for and what is left: $(grep huge "$res")"
+  grep '"id":"huge"' "$res" | grep -q 'tprun plan' || fail "no hint: $(grep huge "$res")"
   for id in small1 small2; do
-    grep "\"id\":\"$id\"" "$res" | grep -q '"status":"done"' || fail "$id not done"
+    grep "\"id\":\"$id\"" "$res" | grep -q '"status":"done"' || fail "$id not done: $(cat "$res")"
   done
   ;;
 oversized_generate)
@@ -120,6 +129,29 @@ oversized_generate)
   [ -n "$plain" ] && [ -n "$tiled" ] || fail "no decode estimate in the refusals"
   awk "BEGIN{exit !($tiled * 3 < $plain)}" || fail "vae_tiling did not shrink the decode estimate ($plain -> $tiled GiB)"
   grep -q 'vae_tiling=true' out && fail "hinted vae_tiling while it is on"
+  ;;
+oom_tp2_ends_job)
+  # 3.25 GiB: at 4 GiB a rank's half of huge's activations can just fit (then it computes for hours).
+  model; job 2
+  run 300 bash -c "ulimit -v $((limit_kib - 768 * 1024)) && exec $mpirun -np 2 --oversubscribe -x TPRUN_MEMORY_CHECK=0 $tprun run job.toml \
+    --log-dir '' --progress none"
+  [ "$rc" -ne 0 ] || fail "exit 0 although a rank of the group ran out of memory"
+  grep -q -E "request 'huge' ran out of memory while generating \(asked for [0-9.]+ [KMGT]?i?B on cpu" out ||
+    fail "the job's end does not name the request and the memory"
+  grep -q -E 'On TP rank [01] of 2 \(replica 0\) the group cannot go on in step' out || fail "the rank is not named"
+  grep -q 'the job resumes from this request' out || fail "no word on resuming"
+  # Not recorded: the rerun runs it again (after it is made to fit).
+  grep -q '"id":"huge"' out-job/results.jsonl 2>/dev/null && fail "huge recorded although the job ended on it"
+  ;;
+oom_generate)
+  model
+  run 300 bash -c "ulimit -v $limit_kib && exec $mpirun -np 1 -x TPRUN_MEMORY_CHECK=0 $tprun generate --model model \
+    --prompt fox --height 16384 --width 16384 --steps 1 --max-sequence-length 32 --out x.png --log-dir ''"
+  no_abort
+  [ "$rc" -eq 6 ] || fail "exit $rc, expected 6 (request error)"
+  grep -q -E "the request \(16384x16384, seed 0\) ran out of memory while generating \(asked for [0-9.]+ [KMGT]?i?B on cpu" out ||
+    fail "the error does not name the request and the memory"
+  [ -f x.png ] && fail "wrote an image"
   ;;
 binding_warns)
   run 60 "$mpirun" -np 1 --bind-to core "$tprun" env
