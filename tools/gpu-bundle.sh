@@ -67,12 +67,12 @@ for f in "$pkglib"/*.so; do
 done
 
 # --- the shared libraries: everything the binaries and plugins resolve, but the C runtime and torch/CUDA --
-host_re='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libutil\.so|ld-linux|libstdc\+\+|libgcc_s|libresolv|libanl)'
+. "$root/tools/gpu/bundle_env.sh"  # BUNDLE_HOST_LIBS_RE
 torch_re="^($torch_lib|$site/nvidia|/usr/local/cuda)"
 collect() {
   [ -e "$1" ] || return 0
   ldd "$1" 2>/dev/null | awk '/=> \//{print $1, $3}' | while read -r name path; do
-    [[ $name =~ $host_re ]] && continue
+    [[ $name =~ $BUNDLE_HOST_LIBS_RE ]] && continue
     [[ $path =~ $torch_re ]] && continue
     [[ $name =~ ^lib(torch|c10|cuda|cudart|cublas|cudnn|cufft|curand|cusolver|cusparse|cupti|nccl|nvrtc|nvJitLink|nvToolsExt|caffe2|shm)[._-] ]] && continue
     [ -e "$p/lib/$name" ] || cp -L "$path" "$p/lib/$name"

@@ -39,27 +39,7 @@ at::Tensor tiled_apply(const at::Tensor& x, const VaeTiles& t, const std::functi
   if (stride < 1 || limit < 1) {
     throw ConfigError(fmt::format("VAE tiling: a tile of {} with overlap {} leaves no stride", t.in_tile, t.overlap));
   }
-  std::vector<std::vector<at::Tensor>> rows;
-  for (int64_t i = 0; i < x.size(2); i += stride) {
-    std::vector<at::Tensor> row;
-    for (int64_t j = 0; j < x.size(3); j += stride) {
-      const at::Tensor tile = x.slice(2, i, std::min(i + t.in_tile, x.size(2))).slice(3, j, std::min(j + t.in_tile, x.size(3)));
-      row.push_back(f(tile.contiguous()).contiguous());
-    }
-    rows.push_back(std::move(row));
-  }
-  std::vector<at::Tensor> out_rows;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    std::vector<at::Tensor> out_row;
-    for (size_t j = 0; j < rows[i].size(); ++j) {
-      at::Tensor& tile = rows[i][j];
-      if (i > 0) blend(rows[i - 1][j], tile, 2, extent);
-      if (j > 0) blend(rows[i][j - 1], tile, 3, extent);
-      out_row.push_back(tile.slice(2, 0, std::min(limit, tile.size(2))).slice(3, 0, std::min(limit, tile.size(3))));
-    }
-    out_rows.push_back(at::cat(out_row, 3));
-  }
-  return at::cat(out_rows, 2);
+  return tiled_apply_grid(x, VaeTileGrid{t.in_tile, stride, extent, limit}, f);
 }
 
 at::Tensor tiled_apply_grid(const at::Tensor& x, const VaeTileGrid& g,

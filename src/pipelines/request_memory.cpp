@@ -20,6 +20,7 @@
 #include "pipelines/pipeline.h"
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
+#include "runtime/out_of_memory.h"
 
 namespace tprun::pipelines {
 namespace {
@@ -225,15 +226,6 @@ void check_batch_memory(const MemoryModel& m, const RequestShape& r, const paral
                 avail ? format_bytes(*avail) : std::string("unknown"));
 }
 
-bool is_allocation_failure(const std::exception& e) {
-  if (dynamic_cast<const std::bad_alloc*>(&e)) return true;
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
-  if (!dynamic_cast<const c10::Error*>(&e)) return false;
-  const std::string what = e.what();
-  return what.find("can't allocate memory") != std::string::npos ||
-         what.find("out of memory") != std::string::npos || what.find("Cannot allocate memory") != std::string::npos;
-}
-
 void rethrow_generation_failure(const parallel::TpContext& tp) {
   const std::exception_ptr ex = std::current_exception();
   try {
@@ -241,7 +233,8 @@ void rethrow_generation_failure(const parallel::TpContext& tp) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    if (!is_allocation_failure(e)) throw;
+    // One rule for what an allocation failure is: the job loop's (runtime/out_of_memory.h).
+    if (!is_out_of_memory(ex)) throw;
     std::string what = e.what();
     if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
     const HostMemory mem = host_memory();

@@ -112,11 +112,6 @@ RequestShape batch_shape(const Pipeline& pipeline, const std::vector<GenerationR
 void check_batch_memory(const MemoryModel& model, const RequestShape& shape, const parallel::TpContext& tp,
                         const std::string& device);
 
-// True for an exception that reports a failed allocation: std::bad_alloc,
-// c10::OutOfMemoryError, a c10::Error from an allocator ("can't allocate
-// memory", "out of memory").
-bool is_allocation_failure(const std::exception& e);
-
 // For a catch block around a batch's compute: rethrows the exception in
 // flight, an allocation failure as a RequestError naming it and what to try
 // (tp size 1: the batch fails and the job goes on) or, inside a TP group,

@@ -11,6 +11,7 @@
 #include "runtime/cpu_binding.h"
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
+#include "runtime/out_of_memory.h"
 
 namespace tprun {
 namespace {
@@ -119,13 +120,14 @@ TEST(RequestMemory, TensorParallelSplitsTheStep) {
 }
 
 TEST(RequestMemory, AllocationFailuresBecomeRequestErrors) {
-  EXPECT_TRUE(pipelines::is_allocation_failure(std::bad_alloc()));
+  // What counts as an allocation failure is runtime/out_of_memory.h's rule.
+  EXPECT_TRUE(is_out_of_memory(std::make_exception_ptr(std::bad_alloc())));
   const c10::Error cpu_oom({"f", "x.cpp", 1},
                            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes");
-  EXPECT_TRUE(pipelines::is_allocation_failure(cpu_oom));
+  EXPECT_TRUE(is_out_of_memory(std::make_exception_ptr(cpu_oom)));
   const c10::Error other({"f", "x.cpp", 1}, "shape mismatch");
-  EXPECT_FALSE(pipelines::is_allocation_failure(other));
-  EXPECT_FALSE(pipelines::is_allocation_failure(std::runtime_error("out of memory")));
+  EXPECT_FALSE(is_out_of_memory(std::make_exception_ptr(other)));
+  EXPECT_FALSE(is_out_of_memory(std::make_exception_ptr(std::runtime_error("out of memory"))));
 
   auto convert = [](const parallel::TpContext& tp, auto thrower) {
     try {

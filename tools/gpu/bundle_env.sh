@@ -3,6 +3,10 @@
 # libtorch from TORCH_DIR/lib and CUDA's libraries from the nvidia wheels beside it; everything else
 # from WORK/lib; Open MPI and PMIx from WORK/mpi whatever their configure-time paths were; no ssh is
 # needed (one node: mpirun and a singleton's daemon are started locally).
+# The libraries a bundle takes from the host, never carries: the C and C++ runtime (by soname).
+# tools/gpu-bundle.sh leaves them out and tools/gpu/check_bundle.sh allows them: one list for both.
+BUNDLE_HOST_LIBS_RE='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libutil\.so|ld-linux|libstdc\+\+|libgcc_s|libresolv|libanl)'
+
 bundle_env() {
   local work=$1 torch_dir=$2 libpath d m
   libpath=$work/lib:$torch_dir/lib

@@ -17,7 +17,7 @@ torch_lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch
 site=$(cd "$torch_lib/../.." && pwd)
 ldp=$u/lib:$torch_lib
 for d in "$site"/nvidia/*/lib "$site"/nvidia/cu*/lib; do [ -d "$d" ] && ldp=$ldp:$d; done
-host_re='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libutil\.so|ld-linux|libstdc\+\+|libgcc_s|libresolv|libanl)'
+. "$(dirname "$0")/bundle_env.sh"  # BUNDLE_HOST_LIBS_RE
 bad=0 n=0
 for f in "$u"/bin/* "$u"/mpi/bin/* "$u"/mpi/lib/openmpi3/*.so "$u"/mpi/pmix/lib/pmix/*.so "$u"/lib/*; do
   n=$((n + 1))
@@ -26,7 +26,7 @@ for f in "$u"/bin/* "$u"/mpi/bin/* "$u"/mpi/lib/openmpi3/*.so "$u"/mpi/pmix/lib/
     echo "check: $f: $(grep "not found" <<<"$deps" | awk '{print $1}' | tr '\n' ' ')not found"; bad=1
   fi
   while read -r name path; do
-    [[ $name =~ $host_re ]] && continue
+    [[ $name =~ $BUNDLE_HOST_LIBS_RE ]] && continue
     case $path in "$u"/*|"$torch_lib"/*|"$site"/nvidia/*) ;; *) echo "check: $f: $name resolves outside the bundle and torch: $path"; bad=1 ;; esac
   done < <(awk '/=> \//{print $1, $3}' <<<"$deps")
 done
