@@ -17,6 +17,7 @@
 #include "dist/mesh.h"
 #include "dist/session.h"
 #include "jobs/output_folder.h"
+#include "models/model_inputs.h"
 #include "runtime/error.h"
 
 namespace tprun::cli {
@@ -67,6 +68,7 @@ Command forward_command() {
     auto inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
     const auto t0 = std::chrono::steady_clock::now();
     auto model = load_component(args, tp, session.device().device);
+    models::check_input_names(inputs, *model, "--inputs " + vm["inputs"].as<std::string>());
     const auto t1 = std::chrono::steady_clock::now();
     if (tp.comm) tp.comm->reset_stats();
     auto outputs = model->forward(inputs);

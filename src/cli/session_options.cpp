@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "dist/nccl_communicator.h"
+#include "dist/device_mesh.h"
 #include "runtime/error.h"
 #include "runtime/logging.h"
 
@@ -27,7 +27,7 @@ void add_session_options(po::options_description& desc) {
       ("comm", po::value<std::string>()->default_value("auto"),
        "auto|nccl|mpi: the TP group's backend for CUDA tensors; auto: NCCL where this build has it, "
        "else mpi (MPI staged through pinned host memory; also works with several ranks on one GPU, "
-       "which NCCL refuses). CPU ranks always use MPI")
+       "which NCCL refuses). CPU ranks always use MPI: nccl where a rank computes on the CPU is an error")
       ("comm-timeout", po::value<double>()->default_value(1800.0),
        "seconds a collective may wait for its peers before the job is ended (at least 0.001); 0: forever");
   desc.add(rt);
@@ -50,20 +50,11 @@ void check_comm_timeout(double seconds) {
   }
 }
 
-// Every rank parses the same command line, so these errors are the same on all ranks.
-dist::CommChoice comm_choice(const std::string& name, const std::string& device) {
+// Every rank parses the same command line, so this error is the same on all ranks. Whether NCCL can
+// be used depends on the device each rank finds: the Session decides that (dist/session.cpp).
+dist::CommChoice comm_choice(const std::string& name) {
   const auto choice = dist::comm_choice_from_name(name);
   if (!choice) throw ConfigError(fmt::format("--comm {}: must be auto, nccl or mpi", name), true);
-  if (*choice == dist::CommChoice::Nccl && device == "cpu") {
-    throw ConfigError("--comm nccl with --device cpu: NCCL reduces CUDA tensors only; CPU ranks use MPI "
-                      "(drop --comm, or choose --device cuda)",
-                      true);
-  }
-  if (*choice == dist::CommChoice::Nccl && !dist::nccl_compiled()) {
-    throw ConfigError("--comm nccl: this tprun was built without NCCL (libtorch without CUDA, or nccl.h not "
-                      "found at configure time); use --comm mpi or --comm auto",
-                      true);
-  }
   return *choice;
 }
 
@@ -78,7 +69,7 @@ SessionOptions session_options_from(const po::variables_map& vm) {
   o.log_dir = vm["log-dir"].as<std::string>();
   o.comm_timeout_s = vm["comm-timeout"].as<double>();
   check_comm_timeout(o.comm_timeout_s);
-  o.comm = comm_choice(vm["comm"].as<std::string>(), o.device);
+  o.comm = comm_choice(vm["comm"].as<std::string>());
   return o;
 }
 

@@ -37,6 +37,29 @@ void set_current_cuda_device(int index) {
   (void)index;
 #endif
 }
+// The one rule of --comm: `auto` picks NCCL or MPI silently; `nccl`, asked for explicitly, is an error
+// wherever it cannot be used: a build without NCCL, or any rank that computes on the CPU (--device cpu,
+// no GPU visible, a build without CUDA), since NCCL reduces CUDA tensors only. Collective when `comm`
+// is nccl (every rank parsed the same --comm): the ranks share what each found, so every rank raises
+// the same error, naming the first CPU rank, and none waits for a peer that left.
+void check_nccl_usable(dist::CommChoice comm, const DeviceChoice& device) {
+  if (comm != dist::CommChoice::Nccl) return;
+  if (!dist::nccl_compiled()) {
+    throw ConfigError("--comm nccl: this tprun was built without NCCL (libtorch without CUDA, or nccl.h not "
+                      "found at configure time); use --comm mpi or --comm auto",
+                      true);
+  }
+  const std::string mine = device.cuda_index < 0 ? device.reason : std::string();
+  const auto all = dist::mpi_all_gather_strings(MPI_COMM_WORLD, mine);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) continue;
+    throw ConfigError(fmt::format("--comm nccl: rank {} computes on the CPU ({}), and NCCL reduces CUDA tensors "
+                                  "only; use --comm auto (MPI on CPU ranks, NCCL on GPU ranks) or --comm mpi",
+                                  r, all[r]),
+                      true);
+  }
+}
+
 }  // namespace
 
 Session* Session::current() { return g_session; }
@@ -63,11 +86,7 @@ Session::Session(int* argc, char*** argv, const SessionOptions& options) {
   device_ = choose_device(options.device, env_.local_rank, cuda_device_count(), cuda_built());
   if (device_.cuda_index >= 0) set_current_cuda_device(device_.cuda_index);
   comm_ = options.comm;
-  if (comm_ == dist::CommChoice::Nccl && !dist::nccl_compiled()) {
-    throw ConfigError("--comm nccl: this tprun was built without NCCL (libtorch without CUDA, or nccl.h not "
-                      "found at configure time); use --comm mpi or --comm auto",
-                      true);
-  }
+  check_nccl_usable(comm_, device_);
 
   // CPU threads: ranks of this node that may run on the same CPUs share them.
   cpus_ = affinity_mask_string();
@@ -110,9 +129,6 @@ Session::Session(int* argc, char*** argv, const SessionOptions& options) {
   if (device_.cuda_index >= 0 && comm_ == dist::CommChoice::Auto && !dist::nccl_compiled() && env_.rank == 0) {
     spdlog::info("TP collectives on CUDA tensors go through MPI, staged in pinned host memory: this tprun was "
                  "built without NCCL");
-  }
-  if (device_.cuda_index < 0 && comm_ == dist::CommChoice::Nccl && env_.rank == 0) {
-    spdlog::info("--comm nccl: this rank computes on the CPU, so its collectives use MPI");
   }
   if (budget.limit) {
     // In KiB, the unit of `ulimit -v` (tests/scripts/hostile_limits.sh reads this line).

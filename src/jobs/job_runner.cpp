@@ -108,8 +108,9 @@ void JobRun::validate() {
     }
     const bool on_cuda = session_.device().device.rfind("cuda", 0) == 0;
     if ((m.device == "cpu" && on_cuda) || (m.device == "cuda" && !on_cuda)) {
-      throw ConfigError(fmt::format("{}: parallel.device is '{}' but this rank runs on {} ({}); set --device {}",
-                                    m.path, m.device, session_.device().device, session_.device().reason, m.device),
+      throw ConfigError(fmt::format("{}: parallel.device is '{}' but this rank runs on {} ({}); {}", m.path, m.device,
+                                    session_.device().device, session_.device().reason,
+                                    device_mismatch_advice(m.device, session_.device())),
                         true);
     }
   });

@@ -75,6 +75,46 @@ std::optional<long> shard_number(const std::string& s) {
   return x;
 }
 
+struct SlurmArray {
+  long index = 0;
+  long count = 0;
+};
+
+// This task's chunk of a Slurm job array: its position among the array's task ids. `--array=0-10:2`
+// runs ids 0, 2, ..., 10 (SLURM_ARRAY_TASK_STEP=2, COUNT=6), so the chunk is (ID - MIN) / STEP, and
+// an id off the step, or an array whose ids are not evenly spaced (`--array=1,3,7`: MAX is not
+// MIN + STEP * (COUNT - 1)), is refused naming the variables. STEP and MAX are optional (Slurm before
+// 14.03 did not set them): STEP then counts as 1, and MAX is not checked.
+SlurmArray slurm_array(const std::function<long(const char*)>& env_number) {
+  const long id = env_number("SLURM_ARRAY_TASK_ID");
+  const long min = env_number("SLURM_ARRAY_TASK_MIN");
+  const long count = env_number("SLURM_ARRAY_TASK_COUNT");
+  const char* step_text = std::getenv("SLURM_ARRAY_TASK_STEP");
+  const long step = step_text && *step_text ? env_number("SLURM_ARRAY_TASK_STEP") : 1;
+  if (step < 1) {
+    throw ConfigError(fmt::format("--shard slurm: SLURM_ARRAY_TASK_STEP={} must be at least 1", step), true);
+  }
+  if (id < min || (id - min) % step != 0) {
+    throw ConfigError(fmt::format("--shard slurm: SLURM_ARRAY_TASK_ID={} is not one of the array's ids "
+                                  "SLURM_ARRAY_TASK_MIN={} + k * SLURM_ARRAY_TASK_STEP={}",
+                                  id, min, step),
+                      true);
+  }
+  const char* max_text = std::getenv("SLURM_ARRAY_TASK_MAX");
+  if (max_text && *max_text && count >= 1) {
+    const long max = env_number("SLURM_ARRAY_TASK_MAX");
+    if (max != min + step * (count - 1)) {
+      throw ConfigError(fmt::format("--shard slurm: the array's ids are not evenly spaced (SLURM_ARRAY_TASK_MIN={}, "
+                                    "SLURM_ARRAY_TASK_MAX={}, SLURM_ARRAY_TASK_STEP={}, SLURM_ARRAY_TASK_COUNT={}: "
+                                    "MIN + STEP * (COUNT - 1) is {}); submit --array=A-B or A-B:S, or pass "
+                                    "--shard I/N yourself",
+                                    min, max, step, count, min + step * (count - 1)),
+                        true);
+    }
+  }
+  return SlurmArray{(id - min) / step, count};
+}
+
 }  // namespace
 
 ShardSpec parse_shard_spec(const std::string& text) {
@@ -95,8 +135,9 @@ ShardSpec parse_shard_spec(const std::string& text) {
       }
       return *x;
     };
-    index = env_number("SLURM_ARRAY_TASK_ID") - env_number("SLURM_ARRAY_TASK_MIN");
-    count = env_number("SLURM_ARRAY_TASK_COUNT");
+    const SlurmArray array = slurm_array(env_number);
+    index = array.index;
+    count = array.count;
   } else {
     const size_t slash = text.find('/');
     if (slash == std::string::npos) throw ConfigError(usage, true);

@@ -38,7 +38,8 @@ struct ShardSpec {
 constexpr long kMaxShardCount = 10000000;
 
 // Parses "I/N" (decimal digits only: no sign, space or overflow; 0 <= I < N <= kMaxShardCount) or
-// "slurm" (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN of SLURM_ARRAY_TASK_COUNT, checked alike).
+// "slurm" ((SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN) / SLURM_ARRAY_TASK_STEP of SLURM_ARRAY_TASK_COUNT,
+// checked alike; an id off the step or an unevenly spaced array is refused naming the variables).
 // ConfigError naming --shard.
 ShardSpec parse_shard_spec(const std::string& text);
 

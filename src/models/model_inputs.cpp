@@ -1,9 +1,12 @@
 #include "models/model_inputs.h"
 
+#include <algorithm>
+
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "models/model.h"
 #include "runtime/error.h"
 
 namespace tprun::models {
@@ -56,6 +59,30 @@ at::Tensor scalar_per_sample(const TensorMap& in, const std::string& name, int64
     throw RequestError(fmt::format("input '{}' has {} values for a batch of {}", name, t.numel(), batch), true);
   }
   return t;
+}
+
+std::vector<std::string> forward_input_names(const Model& model) {
+  std::vector<std::string> names;
+  for (const auto& [name, tensor] : model.example_inputs(0)) names.push_back(name);
+  const auto has = [&](const char* n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  if (has("latents") || has("image")) {
+    for (const char* n : {"latents", "image"}) {
+      if (!has(n)) names.emplace_back(n);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void check_input_names(const TensorMap& given, const Model& model, const std::string& source) {
+  const std::vector<std::string> known = forward_input_names(model);
+  for (const auto& [name, tensor] : given) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      throw RequestError(fmt::format("{}: tensor '{}' is not an input of {} (its inputs: {}); rename or drop it",
+                                     source, name, model.table().cls, fmt::join(known, ", ")),
+                         true);
+    }
+  }
 }
 
 }  // namespace tprun::models

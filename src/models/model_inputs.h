@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "models/tensor_map.h"
 
@@ -25,5 +26,16 @@ bool has_input(const TensorMap& in, const std::string& name);
 // Distilled-guidance models need input 'guidance'; the others refuse it
 // (diffusers would silently ignore either mistake).
 void check_guidance_input(const TensorMap& in, bool guidance_embeds);
+
+class Model;
+
+// The names `model`'s forward reads: those of its example_inputs (every family gives each input
+// there, the optional ones too: a text mask, guidance where the config embeds it); for a component
+// that decodes 'latents' or encodes an 'image' (a VAE), both of those.
+std::vector<std::string> forward_input_names(const Model& model);
+// Refuses a given tensor that `model`'s forward would not read (a typo, e.g. a mask under a wrong
+// name, is otherwise dropped silently): RequestError naming `source` (the --inputs file), the tensor,
+// the class and the names it takes, raised alike on every rank.
+void check_input_names(const TensorMap& given, const Model& model, const std::string& source);
 
 }  // namespace tprun::models

@@ -29,9 +29,11 @@ DeviceChoice choose_device(const std::string& requested, int local_rank, int cud
       c.device = fmt::format("cuda:{}", local_rank);
       c.cuda_index = local_rank;
       c.reason = fmt::format("local rank {} of {} visible GPU(s)", local_rank, cuda_devices);
+      c.why = DeviceChoice::Why::GpuVisible;
     } else {
       c.device = "cpu";
       c.reason = built_with_cuda ? "no GPU visible" : "built without CUDA";
+      c.why = built_with_cuda ? DeviceChoice::Why::NoGpuVisible : DeviceChoice::Why::BuiltWithoutCuda;
     }
     return c;
   }
@@ -64,6 +66,27 @@ DeviceChoice choose_device(const std::string& requested, int local_rank, int cud
   c.cuda_index = index;
   c.reason = fmt::format("--device {}", requested);
   return c;
+}
+
+std::string device_mismatch_advice(const std::string& wanted, const DeviceChoice& got) {
+  const bool on_cuda = got.cuda_index >= 0;
+  if ((wanted == "cuda") == on_cuda) return "";
+  if (wanted != "cuda") {
+    return got.why == DeviceChoice::Why::Requested
+               ? fmt::format("pass --device cpu instead of {}, or set parallel.device = \"cuda\"", got.reason)
+               : std::string("pass --device cpu");
+  }
+  switch (got.why) {
+    case DeviceChoice::Why::BuiltWithoutCuda:
+      return "this tprun was built against a libtorch without CUDA: run a CUDA build (docs/gpu.md), or compute "
+             "on the CPU (parallel.device = \"cpu\", or leave it out)";
+    case DeviceChoice::Why::NoGpuVisible:
+      return "this build has CUDA but no GPU is visible to this process (no device, no driver, or "
+             "CUDA_VISIBLE_DEVICES hides them): run on a node with a GPU, or compute on the CPU "
+             "(parallel.device = \"cpu\", or leave it out)";
+    default:
+      return fmt::format("drop {} (or pass --device cuda), or set parallel.device = \"cpu\"", got.reason);
+  }
 }
 
 int cpu_threads_for_rank(int cpus_in_mask, int ranks_sharing_mask) {

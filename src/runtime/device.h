@@ -6,9 +6,13 @@
 namespace tprun {
 
 struct DeviceChoice {
+  // Why this device: --device asked for it, or the automatic choice found a GPU, found none, or this
+  // build has no CUDA (what to tell a user who wanted the other device).
+  enum class Why { Requested, GpuVisible, NoGpuVisible, BuiltWithoutCuda };
   std::string device = "cpu";  // "cpu" or "cuda:N"
   int cuda_index = -1;         // N for cuda:N
   std::string reason;          // why, for the log
+  Why why = Why::Requested;
 };
 
 // requested: "" (automatic), "cpu", "cuda" (cuda:<local_rank>) or "cuda:N".
@@ -16,6 +20,11 @@ struct DeviceChoice {
 // else cpu. ConfigError naming --device for impossible requests.
 DeviceChoice choose_device(const std::string& requested, int local_rank, int cuda_devices,
                            bool cuda_built);
+
+// What is wrong, and what to do, when `wanted` ("cpu" or "cuda", e.g. a manifest's parallel.device)
+// is not the device `got` computes on: no GPU visible, a build without CUDA, or --device asking for
+// the other one. "" when they agree.
+std::string device_mismatch_advice(const std::string& wanted, const DeviceChoice& got);
 
 // Threads for a CPU rank: the CPUs it may run on, shared fairly with the other
 // ranks of this node that may run on the same CPUs; at least 1.
