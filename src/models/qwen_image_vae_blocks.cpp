@@ -8,10 +8,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_upsample_nearest_exact2d.h>
 #include <ATen/ops/constant_pad_nd.h>
-#include <ATen/ops/conv2d.h>
 #include <ATen/ops/norm.h>
 #include <ATen/ops/silu.h>
 
+#include "models/conv_ops.h"
 #include "models/nn_ops.h"
 #include "parallel/weight.h"
 
@@ -90,7 +90,7 @@ QwenResampleWeights declare_qwen_resample(ModelBuilder& b, const std::string& pr
 at::Tensor causal_conv_frame(const at::Tensor& x, const CausalConvWeights& w) {
   at::Tensor weight = w.weight.get();
   if (weight.dim() == 5) weight = weight.select(2, weight.size(2) - 1);  // zeros meet every other tap
-  return at::conv2d(x, weight, w.bias.get(), {1, 1}, {w.padding, w.padding});
+  return nn::conv2d(x, weight, w.bias.get(), 1, w.padding);
 }
 
 at::Tensor qwen_rms_norm(const at::Tensor& x, const parallel::Weight& gamma_w) {
@@ -125,23 +125,23 @@ at::Tensor qwen_residual_forward(const QwenResidualWeights& w, const at::Tensor&
 at::Tensor qwen_attention_forward(const QwenAttentionWeights& w, const at::Tensor& x, int64_t attention_chunk) {
   const int64_t b = x.size(0), c = x.size(1), hgt = x.size(2), wid = x.size(3);
   const at::Tensor n = qwen_rms_norm(x, w.norm);
-  at::Tensor qkv = at::conv2d(n, w.to_qkv.weight.get(), w.to_qkv.bias.get());  // [B, 3C, H, W]
+  at::Tensor qkv = nn::conv2d(n, w.to_qkv.weight.get(), w.to_qkv.bias.get(), 1, 0);  // [B, 3C, H, W]
   // [B, 1, H*W, 3C], then q, k, v are its three channel thirds.
   qkv = qkv.reshape({b, 1, 3 * c, hgt * wid}).permute({0, 1, 3, 2}).contiguous();
   auto parts = qkv.chunk(3, -1);
   at::Tensor attn = nn::sdpa(parts[0], parts[1], parts[2], std::nullopt, std::nullopt, attention_chunk);
   attn = attn.squeeze(1).permute({0, 2, 1}).reshape({b, c, hgt, wid});
-  return at::conv2d(attn, w.proj.weight.get(), w.proj.bias.get()).add_(x);
+  return nn::conv2d(attn, w.proj.weight.get(), w.proj.bias.get(), 1, 0).add_(x);
 }
 
 at::Tensor qwen_resample_forward(const QwenResampleWeights& w, const at::Tensor& x) {
   if (w.up) {
     // QwenImageUpsample: nearest-exact x2 in fp32, back to the input dtype.
     at::Tensor up = at::_upsample_nearest_exact2d(x.to(at::kFloat), {2 * x.size(2), 2 * x.size(3)}, 2.0, 2.0);
-    return at::conv2d(up.to(x.scalar_type()), w.conv.weight.get(), w.conv.bias.get(), {1, 1}, {1, 1});
+    return nn::conv2d(up.to(x.scalar_type()), w.conv.weight.get(), w.conv.bias.get(), 1, 1);
   }
   const at::Tensor padded = at::constant_pad_nd(x, {0, 1, 0, 1}, 0);
-  return at::conv2d(padded, w.conv.weight.get(), w.conv.bias.get(), at::IntArrayRef{2, 2}, at::IntArrayRef{0, 0});
+  return nn::conv2d(padded, w.conv.weight.get(), w.conv.bias.get(), 2, 0);
 }
 
 at::Tensor qwen_mid_block_forward(const QwenMidBlockWeights& w, const at::Tensor& x, int64_t attention_chunk) {

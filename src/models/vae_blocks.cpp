@@ -6,12 +6,12 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
-#include <ATen/ops/conv2d.h>
 #include <ATen/ops/group_norm.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/upsample_nearest2d.h>
 
+#include "models/conv_ops.h"
 #include "models/nn_ops.h"
 
 namespace tprun::models {
@@ -52,7 +52,7 @@ MidBlockWeights declare_mid_block(ModelBuilder& b, const std::string& prefix, in
 }
 
 at::Tensor conv2d(const at::Tensor& x, const Affine& w, int64_t stride, int64_t padding) {
-  return at::conv2d(x, w.weight.get(), w.bias.get(), {stride, stride}, {padding, padding});
+  return nn::conv2d(x, w.weight.get(), w.bias.get(), stride, padding);
 }
 
 at::Tensor group_norm(const at::Tensor& x, const Affine& w, int64_t groups) {

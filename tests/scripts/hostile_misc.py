@@ -17,6 +17,9 @@ Cases (one ctest entry each; `hostile_misc.py TPRUN MPIRUN CASE`):
   forward_unknown_input  `forward --inputs` with a tensor the model does not read (a mask under a
                        misspelt name, once dropped silently): refused on every rank naming the file,
                        the tensor and the inputs the class takes; no --out written; the right names run
+  threads_same_image   a bf16 FLUX.2 [klein] job (init-model small, 64x64, one step) gives the same PNGs,
+                       byte for byte, with --threads 1, 2 and 3 (libtorch once picked the VAE's fp32 1x1
+                       convolution kernel by the thread count: one image 2-3 levels of 255 off)
 """
 import os
 import subprocess
@@ -128,8 +131,30 @@ def forward_unknown_input(work):
     H.check(rc == 0 and os.path.exists(out), f"the right names run: exit {rc}" + ("" if rc == 0 else f"\n{log[-800:]}"))
 
 
+def threads_same_image(work):
+    model = os.path.join(work, "klein")
+    subprocess.run([H.tprun, "init-model", model, "--arch", "flux2-klein", "--preset", "small"], check=True,
+                   stdout=subprocess.DEVNULL)
+    req = jsonl(os.path.join(work, "req.jsonl"), prompt_rows(2))
+    images = {}
+    for threads in (1, 2, 3):
+        out = os.path.join(work, f"out-{threads}")
+        manifest = write_manifest(os.path.join(work, f"job-{threads}.toml"), model, req, out,
+                                  defaults={"height": 64, "width": 64, "steps": 1})
+        rc, log = H.run(["run", manifest, "--set", 'dtype="bf16"', "--threads", str(threads), "--progress", "none"],
+                        np_=1, timeout=300)
+        H.check(rc == 0, f"--threads {threads}: exit {rc}" + ("" if rc == 0 else f"\n{log[-800:]}"))
+        if rc == 0:
+            images[threads] = {i: open(os.path.join(out, "images", f"{i}.png"), "rb").read() for i in ("p0", "p1")}
+    for threads in (2, 3):
+        if 1 in images and threads in images:
+            same = [i for i in ("p0", "p1") if images[1][i] == images[threads][i]]
+            H.check(len(same) == 2, f"--threads {threads} and --threads 1 give the same PNGs byte for byte: {same} of p0, p1")
+
+
 CASES = {"slurm_stepped_array": slurm_stepped_array, "comm_nccl_cpu": comm_nccl_cpu,
-         "device_cuda_on_cpu": device_cuda_on_cpu, "forward_unknown_input": forward_unknown_input}
+         "device_cuda_on_cpu": device_cuda_on_cpu, "forward_unknown_input": forward_unknown_input,
+         "threads_same_image": threads_same_image}
 
 if __name__ == "__main__":
     H = Harness(os.path.abspath(sys.argv[1]), sys.argv[2])
