@@ -498,7 +498,7 @@ def case_qwen_normalizer_null(work):
             got, err = qwen_tokenize_ids(d, p)
             H.check(got == [int(i) for i in want], f"normalizer {label}, prompt {p!r}: tprun ids equal transformers'"
                     + ("" if isinstance(got, list) else f": {got}"))
-        H.check(label == "null" or "normalizer" in err, f"normalizer {label}: a warning names the unused normalizer")
+        H.check(label == "null" or "is not used: a Qwen2Tokenizer applies NFC" in err, f"normalizer {label}: a warning names the unused normalizer")
 
 
 def case_clip_transformers5(work):
@@ -513,7 +513,11 @@ def case_clip_transformers5(work):
     src = H.init_model(work, "flux")
     d = copy_model(work, src, "flux-clip5")
     enc = os.path.join(d, "text_encoder")
-    model = CLIPTextModel.from_pretrained(os.path.join(src, "text_encoder"), torch_dtype=torch.float32)
+    hub = CLIPTextModel.from_pretrained(os.path.join(src, "text_encoder"), torch_dtype=torch.float32)
+    # A model made in transformers 5 (not loaded from a prefixed file, whose names save_pretrained keeps).
+    model = CLIPTextModel(hub.config)
+    model.load_state_dict(hub.state_dict())
+    model.eval()
     shutil.rmtree(enc)
     model.save_pretrained(enc)
     names = list(safe_open(os.path.join(enc, "model.safetensors"), "pt").keys())
