@@ -1,6 +1,9 @@
 #include "checkpoint/pipeline_folder.h"
 
+#include <sys/stat.h>
+
 #include <cctype>
+#include <cerrno>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -30,6 +33,30 @@ bool identifier(const std::string& s) {
   return true;
 }
 
+// model_index.json's "_class_name": the pipeline class, a non-empty string.
+std::string pipeline_class_of(const nlohmann::json& index, const std::string& file) {
+  auto it = index.find("_class_name");
+  if (it == index.end()) {
+    throw CheckpointError(fmt::format("{}: _class_name is missing; a diffusers pipeline folder names its pipeline "
+                                      "class there (e.g. \"FluxPipeline\")",
+                                      file),
+                          true);
+  }
+  if (!it->is_string()) {
+    throw CheckpointError(fmt::format("{}: _class_name is not a string (found {}); it names the pipeline class "
+                                      "(e.g. \"FluxPipeline\")",
+                                      file, clip_text(it->dump())),
+                          true);
+  }
+  std::string cls = it->get<std::string>();
+  if (cls.empty()) {
+    throw CheckpointError(fmt::format("{}: _class_name is empty; it names the pipeline class (e.g. \"FluxPipeline\")",
+                                      file),
+                          true);
+  }
+  return cls;
+}
+
 }  // namespace
 
 const PipelineComponent* PipelineFolder::find(const std::string& name) const {
@@ -39,8 +66,26 @@ const PipelineComponent* PipelineFolder::find(const std::string& name) const {
 }
 
 bool is_pipeline_folder(const std::string& path) {
-  std::error_code ec;
-  return fs::is_regular_file(fs::path(path) / "model_index.json", ec);
+  const std::string file = (fs::path(path) / "model_index.json").string();
+  struct stat st {};
+  int rc = 0;
+  do {
+    rc = ::stat(file.c_str(), &st);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    // Only "no such file" means "not a pipeline folder"; any other failure
+    // (a symlink loop, EIO, EACCES on a folder, ENOMEM...) is said as it is,
+    // never reported as a missing model_index.json.
+    if (errno == ENOENT || errno == ENOTDIR) return false;
+    throw_io_error("cannot tell whether this is a pipeline folder: stat", file, errno);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw CheckpointError(fmt::format("{}: model_index.json is not a regular file (a {}); a diffusers pipeline "
+                                      "folder has a model_index.json file naming its components",
+                                      file, S_ISDIR(st.st_mode) ? "folder" : "special file"),
+                          true);
+  }
+  return true;
 }
 
 PipelineFolder open_pipeline_folder(const std::string& path) {
@@ -49,8 +94,7 @@ PipelineFolder open_pipeline_folder(const std::string& path) {
   const std::string file = (fs::path(path) / "model_index.json").string();
   p.index = read_json_file(file, "model_index.json");
   if (!p.index.is_object()) throw CheckpointError(fmt::format("{}: must be a JSON object", file));
-  if (p.index.contains("_class_name") && p.index["_class_name"].is_string())
-    p.cls = p.index["_class_name"].get<std::string>();
+  p.cls = pipeline_class_of(p.index, file);
   for (auto it = p.index.begin(); it != p.index.end(); ++it) {
     if (it.key().empty() || it.key()[0] == '_') continue;
     const auto& v = it.value();

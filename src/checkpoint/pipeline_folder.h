@@ -25,10 +25,15 @@ struct PipelineFolder {
   const PipelineComponent* find(const std::string& name) const;
 };
 
+// Whether `path` holds a model_index.json: false only when there is none
+// (ENOENT / ENOTDIR, EINTR retried); CheckpointError when it is not a regular
+// file and IoError naming the errno for any other failure to stat it, so an
+// existing file is never reported as missing.
 bool is_pipeline_folder(const std::string& path);
 
-// Reads and checks model_index.json: every non-null component is
-// ["library", "Class"] and its folder exists. CheckpointError otherwise.
+// Reads and checks model_index.json: _class_name a non-empty string, every
+// non-null component ["library", "Class"] with its folder. CheckpointError
+// (every rank) naming model_index.json and the field otherwise.
 PipelineFolder open_pipeline_folder(const std::string& path);
 
 }  // namespace tprun::checkpoint

@@ -1,7 +1,11 @@
 #include "checkpoint/strict_json.h"
 
-#include <fstream>
-#include <sstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -114,12 +118,44 @@ nlohmann::json parse_strict_json(std::string_view text, const std::string& file,
   }
 }
 
+namespace {
+
+// The whole file, EINTR retried on open and read; CheckpointError naming the
+// errno (ENOENT says "no such file", anything else is said as it is).
+std::string read_whole_file(const std::string& path, const std::string& what) {
+  auto fail = [&](const char* step, int err) {
+    throw CheckpointError(fmt::format("{}: cannot {} {}: {}", path, step, what, std::strerror(err)));
+  };
+  int fd = -1;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) fail("open", errno);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail("stat", errno);
+  if (!S_ISREG(st.st_mode)) {
+    throw CheckpointError(fmt::format("{}: {} is not a regular file", path, what));
+  }
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) fail("read", errno);
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+}  // namespace
+
 nlohmann::json read_json_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(fmt::format("{}: cannot open {}", path, what));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_strict_json(ss.str(), path, what);
+  return parse_strict_json(read_whole_file(path, what), path, what);
 }
 
 }  // namespace tprun::checkpoint

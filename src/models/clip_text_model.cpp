@@ -32,7 +32,8 @@ namespace tprun::models {
 ClipTextConfig ClipTextConfig::from_json(const nlohmann::json& c, const std::string& path,
                                          const TensorCensus* census) {
   ClipTextConfig f;
-  f.layers = config_block_count(c, "num_hidden_layers", path, f.layers, census, {"text_model.encoder.layers"}, 1);
+  f.layers = config_block_count(c, "num_hidden_layers", path, f.layers, census, {"text_model.encoder.layers", "encoder.layers"},
+                                1);
   auto get = [&](const char* field, int64_t& v, int64_t max) { v = config_positive(c, field, path, v, max); };
   get("vocab_size", f.vocab_size, kMaxConfigVocab);
   get("hidden_size", f.hidden_size, kMaxConfigWidth);
@@ -73,18 +74,20 @@ struct ClipTextWeights {
 
 namespace {
 
-// Every tensor under "text_model.", in state_dict order, all replicated.
-ClipTextWeights declare_clip(const ClipTextConfig& c, ModelBuilder& b) {
+constexpr const char* kHubPrefix = "text_model.";
+
+// Every tensor under `prefix` ("text_model." or ""), in state_dict order, all replicated.
+ClipTextWeights declare_clip(const ClipTextConfig& c, ModelBuilder& b, const std::string& prefix = kHubPrefix) {
   const int64_t h = c.hidden_size;
   const LinearDecl biased = LinearDecl::replicated().with_bias();
   ClipTextWeights w;
-  w.token = b.tensor("text_model.embeddings.token_embedding.weight", {c.vocab_size, h}, TensorKind::Embedding);
-  w.position = b.tensor("text_model.embeddings.position_embedding.weight", {c.max_positions, h},
+  w.token = b.tensor(prefix + "embeddings.token_embedding.weight", {c.vocab_size, h}, TensorKind::Embedding);
+  w.position = b.tensor(prefix + "embeddings.position_embedding.weight", {c.max_positions, h},
                         TensorKind::Embedding);
   // A non-persistent buffer in transformers 5 (older checkpoints kept it).
-  b.unused("text_model.embeddings.position_ids", {1, c.max_positions}, TensorKind::Buffer, /*saved=*/false);
+  b.unused(prefix + "embeddings.position_ids", {1, c.max_positions}, TensorKind::Buffer, /*saved=*/false);
   for (int64_t i = 0; i < c.layers; ++i) {
-    const std::string p = fmt::format("text_model.encoder.layers.{}.", i);
+    const std::string p = prefix + fmt::format("encoder.layers.{}.", i);
     ClipLayerWeights l;
     l.k = b.linear(p + "self_attn.k_proj", h, h, biased);
     l.v = b.linear(p + "self_attn.v_proj", h, h, biased);
@@ -96,8 +99,21 @@ ClipTextWeights declare_clip(const ClipTextConfig& c, ModelBuilder& b) {
     l.ln2 = b.norm(p + "layer_norm2", h);
     w.layers.push_back(std::move(l));
   }
-  w.final_ln = b.norm("text_model.final_layer_norm", h);
+  w.final_ln = b.norm(prefix + "final_layer_norm", h);
   return w;
+}
+
+// The tensor-name prefix the checkpoint has: "text_model." (hub folders,
+// transformers 4's save_pretrained) or "" (transformers 5's save_pretrained,
+// which writes CLIPTextModel's state dict without it). Names only (headers).
+std::string detect_prefix(const checkpoint::WeightSource& source) {
+  const std::string probe = "embeddings.token_embedding.weight";
+  if (source.contains(std::string(kHubPrefix) + probe)) return kHubPrefix;
+  if (source.contains(probe)) return "";
+  throw CheckpointError(fmt::format("{}: CLIPTextModel checkpoint holds neither '{}{}' (hub folders) nor '{}' (as "
+                                    "transformers 5's save_pretrained writes it)",
+                                    source.path(), kHubPrefix, probe, probe),
+                        true);
 }
 
 }  // namespace
@@ -114,8 +130,9 @@ std::unique_ptr<ClipTextModel> ClipTextModel::load(checkpoint::WeightSource& sou
   m->config_ = ClipTextConfig::from_json(config, config_path, &census);
   const int64_t attention_chunk = nn::checked_attention_chunk(options.memory.attention_chunk);
   auto w = std::make_shared<ClipTextWeights>();
+  const std::string prefix = detect_prefix(source);
   BuiltModel built = build_model(kClass, source, parallel::TpContext{}, build_options(options),
-                                 [&](ModelBuilder& b) { *w = declare_clip(m->config_, b); });
+                                 [&](ModelBuilder& b) { *w = declare_clip(m->config_, b, prefix); });
   w->attention_chunk = attention_chunk;
   nn::log_eager_attention(kClass, attention_chunk);
   m->table_ = std::move(built.table);

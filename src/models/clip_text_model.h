@@ -52,7 +52,8 @@ class ClipTextModel final : public Model {
 
   // The table: every tensor under "text_model.", all replicated;
   // text_model.embeddings.position_ids [1, P] (a buffer older checkpoints
-  // store) is optional.
+  // store) is optional. load() also reads checkpoints without the
+  // "text_model." prefix (transformers 5's save_pretrained writes them so).
   static ModelTable table_for(const ClipTextConfig& config, const ModelOptions& options = {});
 
   // Validates the checkpoint against the table (every tensor present with the

@@ -119,11 +119,8 @@ void read_text_encoder_config(const checkpoint::PipelineFolder& pf, const std::v
   const auto& tok = need_component(pf, "tokenizer");
   m.tokenizer = std::make_unique<text::HfTokenizer>(text::HfTokenizer::load(tok.path, tok.cls));
   check_template_kind(*m.tokenizer, m.klein, pf.cls);
-  if (m.tokenizer->vocab_size() > ecfg.vocab_size) {
-    throw CheckpointError(fmt::format("{}: the tokenizer has {} tokens but the text encoder's vocab_size is {} ({})",
-                                      tok.path, m.tokenizer->vocab_size(), ecfg.vocab_size, c.text_encoder_path),
-                          true);
-  }
+  m.tokenizer->require_pad_token(pf.cls);
+  m.tokenizer->check_ids_below(ecfg.vocab_size, c.text_encoder_path);
 }
 
 // Every TP plan checked for this tp before any weight byte is read (the text
@@ -434,6 +431,7 @@ std::vector<PromptTokens> flux2_tokenize(const std::string& folder, const std::s
   const auto& tok = need_component(pf, "tokenizer");
   const text::HfTokenizer tokenizer = text::HfTokenizer::load(tok.path, tok.cls);
   check_template_kind(tokenizer, klein, pf.cls);
+  tokenizer.require_pad_token(pf.cls);
   text::decode_utf8(prompt, "prompt");  // offsets of bad bytes in the user's prompt, not in the templated text
   return {{"tokenizer", klein ? "Qwen3 chat template" : "Mistral chat template with the FLUX.2 system message",
            tokenizer.encode_chat(klein ? text::flux2_klein_chat(prompt) : text::flux2_dev_chat(prompt), max_sequence_length)}};

@@ -37,39 +37,57 @@ struct Accepted {
 using Table = std::map<std::string, Accepted>;
 
 // The annotations of diffusers' pipeline __init__ signatures (pipeline_flux.py,
-// pipeline_flux2.py, pipeline_flux2_klein.py), with the alternative spellings
-// transformers loads the same way.
-const Table* accepted_for(const std::string& pipeline) {
+// pipeline_flux2.py, pipeline_flux2_klein.py, pipeline_qwenimage.py), with the
+// alternative spellings transformers loads the same way. One entry per
+// registered pipeline class: a registered class without one is refused at
+// load (an internal error) and by the unit test over the registry.
+const std::map<std::string, Table>& tables() {
   static const Accepted scheduler{"diffusers", {"FlowMatchEulerDiscreteScheduler"}, ConfigClass::kScheduler};
-  static const Table flux = {
-      {"transformer", {"diffusers", {"FluxTransformer2DModel"}, ConfigClass::kDiffusers}},
-      {"vae", {"diffusers", {"AutoencoderKL"}, ConfigClass::kDiffusers}},
-      {"scheduler", scheduler},
-      {"text_encoder", {"transformers", {"CLIPTextModel"}, ConfigClass::kTransformers}},
-      {"text_encoder_2", {"transformers", {"T5EncoderModel"}, ConfigClass::kTransformers}},
-      {"tokenizer", {"transformers", {"CLIPTokenizer", "CLIPTokenizerFast"}, ConfigClass::kNone}},
-      {"tokenizer_2", {"transformers", {"T5TokenizerFast", "T5Tokenizer"}, ConfigClass::kNone}},
-      {"image_encoder", {"transformers", {"CLIPVisionModelWithProjection"}, ConfigClass::kNone}},
-      {"feature_extractor", {"transformers", {"CLIPImageProcessor"}, ConfigClass::kNone}},
+  static const std::map<std::string, Table> all = {
+      {"FluxPipeline",
+       {
+           {"transformer", {"diffusers", {"FluxTransformer2DModel"}, ConfigClass::kDiffusers}},
+           {"vae", {"diffusers", {"AutoencoderKL"}, ConfigClass::kDiffusers}},
+           {"scheduler", scheduler},
+           {"text_encoder", {"transformers", {"CLIPTextModel"}, ConfigClass::kTransformers}},
+           {"text_encoder_2", {"transformers", {"T5EncoderModel"}, ConfigClass::kTransformers}},
+           {"tokenizer", {"transformers", {"CLIPTokenizer", "CLIPTokenizerFast"}, ConfigClass::kNone}},
+           {"tokenizer_2", {"transformers", {"T5TokenizerFast", "T5Tokenizer"}, ConfigClass::kNone}},
+           {"image_encoder", {"transformers", {"CLIPVisionModelWithProjection"}, ConfigClass::kNone}},
+           {"feature_extractor", {"transformers", {"CLIPImageProcessor"}, ConfigClass::kNone}},
+       }},
+      {"Flux2KleinPipeline",
+       {
+           {"transformer", {"diffusers", {"Flux2Transformer2DModel"}, ConfigClass::kDiffusers}},
+           {"vae", {"diffusers", {"AutoencoderKLFlux2"}, ConfigClass::kDiffusers}},
+           {"scheduler", scheduler},
+           {"text_encoder", {"transformers", {"Qwen3ForCausalLM"}, ConfigClass::kTransformers}},
+           {"tokenizer", {"transformers", {"Qwen2TokenizerFast", "Qwen2Tokenizer"}, ConfigClass::kNone}},
+       }},
+      {"Flux2Pipeline",
+       {
+           {"transformer", {"diffusers", {"Flux2Transformer2DModel"}, ConfigClass::kDiffusers}},
+           {"vae", {"diffusers", {"AutoencoderKLFlux2"}, ConfigClass::kDiffusers}},
+           {"scheduler", scheduler},
+           {"text_encoder", {"transformers", {"Mistral3ForConditionalGeneration"}, ConfigClass::kTransformers}},
+           {"tokenizer", {"transformers", {"PixtralProcessor", "AutoProcessor"}, ConfigClass::kNone}},
+       }},
+      {"QwenImagePipeline",
+       {
+           {"transformer", {"diffusers", {"QwenImageTransformer2DModel"}, ConfigClass::kDiffusers}},
+           {"vae", {"diffusers", {"AutoencoderKLQwenImage"}, ConfigClass::kDiffusers}},
+           {"scheduler", scheduler},
+           {"text_encoder",
+            {"transformers", {"Qwen2_5_VLForConditionalGeneration"}, ConfigClass::kTransformers}},
+           {"tokenizer", {"transformers", {"Qwen2Tokenizer", "Qwen2TokenizerFast"}, ConfigClass::kNone}},
+       }},
   };
-  static const Table klein = {
-      {"transformer", {"diffusers", {"Flux2Transformer2DModel"}, ConfigClass::kDiffusers}},
-      {"vae", {"diffusers", {"AutoencoderKLFlux2"}, ConfigClass::kDiffusers}},
-      {"scheduler", scheduler},
-      {"text_encoder", {"transformers", {"Qwen3ForCausalLM"}, ConfigClass::kTransformers}},
-      {"tokenizer", {"transformers", {"Qwen2TokenizerFast", "Qwen2Tokenizer"}, ConfigClass::kNone}},
-  };
-  static const Table dev = {
-      {"transformer", {"diffusers", {"Flux2Transformer2DModel"}, ConfigClass::kDiffusers}},
-      {"vae", {"diffusers", {"AutoencoderKLFlux2"}, ConfigClass::kDiffusers}},
-      {"scheduler", scheduler},
-      {"text_encoder", {"transformers", {"Mistral3ForConditionalGeneration"}, ConfigClass::kTransformers}},
-      {"tokenizer", {"transformers", {"PixtralProcessor", "AutoProcessor"}, ConfigClass::kNone}},
-  };
-  if (pipeline == "FluxPipeline") return &flux;
-  if (pipeline == "Flux2KleinPipeline") return &klein;
-  if (pipeline == "Flux2Pipeline") return &dev;
-  return nullptr;
+  return all;
+}
+
+const Table* accepted_for(const std::string& pipeline) {
+  auto it = tables().find(pipeline);
+  return it == tables().end() ? nullptr : &it->second;
 }
 
 bool accepts(const Accepted& a, const std::string& cls) {
@@ -108,9 +126,19 @@ void check_config_class(const std::string& pipeline, const std::string& name, co
 
 }  // namespace
 
+bool has_component_spec(const std::string& pipeline) { return accepted_for(pipeline) != nullptr; }
+
 void check_pipeline_components(const checkpoint::PipelineFolder& pf) {
   const Table* table = accepted_for(pf.cls);
-  if (!table) return;
+  if (!table) {
+    // Only registered classes get here (load_pipeline, tokenize_prompt and the layout refuse the others first).
+    throw Error(Error::Kind::Internal,
+                fmt::format("{}/model_index.json: the pipeline class '{}' has no component table "
+                            "(pipelines/pipeline_components.cpp); refusing to load a folder whose components "
+                            "cannot be checked",
+                            pf.path, clip_text(pf.cls)),
+                true);
+  }
   const std::string index_file = (fs::path(pf.path) / "model_index.json").string();
   std::vector<std::string> known;
   for (const auto& [name, a] : *table) known.push_back(name);

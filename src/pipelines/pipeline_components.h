@@ -16,6 +16,10 @@
 //                       scheduler FlowMatchEulerDiscreteScheduler
 //   Flux2Pipeline       as klein, with text_encoder Mistral3ForConditionalGeneration
 //                       and tokenizer PixtralProcessor (or AutoProcessor)
+//   QwenImagePipeline   transformer QwenImageTransformer2DModel, vae
+//                       AutoencoderKLQwenImage, text_encoder
+//                       Qwen2_5_VLForConditionalGeneration, tokenizer
+//                       Qwen2Tokenizer[Fast], scheduler FlowMatchEulerDiscreteScheduler
 //
 // A component the pipeline does not have, a class it does not accept, or a
 // config class that is not a string or not accepted is one CheckpointError
@@ -35,9 +39,14 @@ struct MemoryOptions;
 
 namespace tprun::pipelines {
 
-// Checks `pf` against what its _class_name's pipeline accepts; a pipeline
-// class not listed above is not checked here (load_pipeline refuses it).
+// Checks `pf` against what its _class_name's pipeline accepts. Every
+// registered pipeline class has a table (the unit test PipelineComponents.
+// EveryRegisteredPipelineHasATable walks the registry); a class without one
+// is an internal error here, never a folder that goes unchecked.
 void check_pipeline_components(const checkpoint::PipelineFolder& pf);
+
+// Whether `pipeline` (a model_index.json _class_name) has a component table.
+bool has_component_spec(const std::string& pipeline);
 
 // [memory] vae_tiling's tiles against the VAE (its scale factor, and its
 // config's sample_size when vae_tile_sample_size is unset), in pixels, as

@@ -105,11 +105,8 @@ void read_text_encoder_config(const checkpoint::PipelineFolder& pf, QwenImageCon
                             true);
     }
   }
-  if (m.tokenizer->vocab_size() > ecfg.vocab_size) {
-    throw CheckpointError(fmt::format("{}: the tokenizer has {} tokens but the text encoder's vocab_size is {} ({})",
-                                      tok.path, m.tokenizer->vocab_size(), ecfg.vocab_size, c.text_encoder_path),
-                          true);
-  }
+  m.tokenizer->require_pad_token(pf.cls);
+  m.tokenizer->check_ids_below(ecfg.vocab_size, c.text_encoder_path);
 }
 
 // The hidden state the pipeline takes: the last one (after the final norm).
@@ -439,6 +436,7 @@ std::vector<PromptTokens> qwen_image_tokenize(const std::string& folder, const s
   const auto pf = checkpoint::open_pipeline_folder(folder);
   const auto& tok = need_component(pf, "tokenizer");
   const text::HfTokenizer tokenizer = text::HfTokenizer::load(tok.path, tok.cls);
+  tokenizer.require_pad_token(pf.cls);
   text::decode_utf8(prompt, "prompt");
   text::TokenizerBatch tokens = qwen_image_tokens(tokenizer, prompt);
   std::vector<int64_t> ids = std::move(tokens.input_ids.front());

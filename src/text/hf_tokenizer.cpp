@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
@@ -266,6 +267,40 @@ int64_t HfTokenizer::vocab_size() const {
   int64_t n = impl_->model.max_id() + 1;
   for (const auto& t : impl_->added) n = std::max(n, t.id + 1);
   return n;
+}
+
+void HfTokenizer::require_pad_token(const std::string& pipeline) const {
+  if (impl_->pad_id) return;
+  throw CheckpointError(
+      fmt::format("{}: pad_token is null or missing (and tokenizer.json has no padding.pad_token); a {} pads every "
+                  "prompt, so every request would fail: set pad_token to a token of the vocabulary (Qwen's is "
+                  "\"<|endoftext|>\")",
+                  impl_->config_file, pipeline),
+      true);
+}
+
+void HfTokenizer::check_ids_below(int64_t encoder_vocab_size, const std::string& encoder_config) const {
+  const int64_t n = vocab_size();
+  if (n <= encoder_vocab_size) return;
+  // The added tokens past the encoder's vocabulary, each with where it was named.
+  std::vector<std::string> beyond;
+  for (const auto& t : impl_->added) {
+    if (t.id < encoder_vocab_size) continue;
+    std::string where;
+    for (const auto& [content, origin] : impl_->named_origins)
+      if (content == t.content) where = origin;
+    const bool in_model = impl_->model.token_id(t.content) >= 0;
+    beyond.push_back(where.empty() || in_model
+                         ? fmt::format("'{}' (id {})", clip_text(t.content), t.id)
+                         : fmt::format("'{}' (id {}: {} names a token tokenizer.json's vocabulary and added_tokens do "
+                                       "not have, so transformers adds it as a new token)",
+                                       clip_text(t.content), t.id, where));
+    if (beyond.size() == 4) break;
+  }
+  throw CheckpointError(fmt::format("{}: the tokenizer has {} tokens but the text encoder's vocab_size is {} ({}){}{}",
+                                    impl_->folder, n, encoder_vocab_size, encoder_config,
+                                    beyond.empty() ? "" : "; beyond it: ", fmt::join(beyond, ", ")),
+                        true);
 }
 
 std::optional<int64_t> HfTokenizer::token_id(const std::string& token) const {

@@ -96,6 +96,16 @@ class HfTokenizer {
   // tokens): the text encoder's vocab_size must be at least this.
   int64_t vocab_size() const;
 
+  // What a pipeline checks at load, before any weight (CheckpointError, every
+  // rank): a pad token, since every prompt call pads (diffusers' tokenizer
+  // call raises on every request without one), naming tokenizer_config.json's
+  // pad_token; and every id below the text encoder's `encoder_vocab_size`,
+  // naming each token beyond it and where it was named (a pad_token or
+  // eos_token the vocabulary does not have is added by transformers as a new
+  // token, past the vocabulary).
+  void require_pad_token(const std::string& pipeline) const;
+  void check_ids_below(int64_t encoder_vocab_size, const std::string& encoder_config) const;
+
   // The id of a token (added tokens first, then the model vocabulary).
   std::optional<int64_t> token_id(const std::string& token) const;
 

@@ -139,6 +139,7 @@ DeclaredTokens read_declared_tokens(const HfFolderFiles& files) {
 struct NamedTokens {
   std::vector<std::string> named, extras;
   std::optional<std::string> bos, pad;
+  std::vector<std::pair<std::string, std::string>> origins;  // (content, where it was named)
 };
 
 NamedTokens read_named_tokens(const HfFolderFiles& files, bool has_decoder, bool qwen2) {
@@ -146,9 +147,17 @@ NamedTokens read_named_tokens(const HfFolderFiles& files, bool has_decoder, bool
   // tokenizer_config.json (special_tokens_map.json only when there is no
   // added_tokens_decoder), then the class defaults.
   auto named = [&](const char* key, std::optional<std::string> fallback) -> std::optional<std::string> {
-    if (!has_decoder && files.special_map.contains(key)) return token_string(files.special_map[key], files.map_file, key);
-    if (files.config.contains(key)) return token_string(files.config[key], files.config_file, key);
-    return fallback;
+    std::optional<std::string> v = fallback;
+    std::string origin = fmt::format("Qwen2Tokenizer's default {}", key);
+    if (!has_decoder && files.special_map.contains(key)) {
+      v = token_string(files.special_map[key], files.map_file, key);
+      origin = fmt::format("{}: {}", files.map_file, key);
+    } else if (files.config.contains(key)) {
+      v = token_string(files.config[key], files.config_file, key);
+      origin = fmt::format("{}: {}", files.config_file, key);
+    }
+    if (v) names.origins.emplace_back(*v, origin);
+    return v;
   };
   const std::optional<std::string> endoftext = qwen2 ? std::optional<std::string>("<|endoftext|>") : std::nullopt;
   for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
@@ -165,13 +174,18 @@ NamedTokens read_named_tokens(const HfFolderFiles& files, bool has_decoder, bool
   }
   for (const char* key : {"additional_special_tokens", "extra_special_tokens"}) {
     const json* src = nullptr;
-    if (!has_decoder && files.special_map.contains(key)) src = &files.special_map[key];
+    const bool from_map = !has_decoder && files.special_map.contains(key);
+    if (from_map) src = &files.special_map[key];
     else if (files.config.contains(key)) src = &files.config[key];
     if (!src || src->is_null() || (src->is_object() && src->empty())) continue;
     if (!src->is_array())
       bad_field(files.config_file, key, "is not a list of tokens (model-specific named tokens are not implemented)");
-    for (const auto& v : *src)
-      if (auto s = token_string(v, files.config_file, key)) names.extras.push_back(*s);
+    for (const auto& v : *src) {
+      if (auto s = token_string(v, files.config_file, key)) {
+        names.extras.push_back(*s);
+        names.origins.emplace_back(*s, fmt::format("{}: {}", from_map ? files.map_file : files.config_file, key));
+      }
+    }
   }
   return names;
 }
@@ -223,6 +237,8 @@ void load_added_tokens(HfTokenizer::Impl& impl, const HfFolderFiles& files, bool
   const NamedTokens names = read_named_tokens(files, declared.has_decoder, qwen2);
   impl.bos_token = names.bos;
   impl.pad_token = names.pad;
+  impl.config_file = files.config_file;
+  impl.named_origins = names.origins;
   AddedTokenTable table(impl.model);
   add_in_transformers_order(table, declared, names, qwen2);
   for (const auto& [t, where] : declared.with_origin) {

@@ -75,6 +75,10 @@ struct HfTokenizer::Impl {
   bool split_special_tokens = false;
   std::optional<std::string> bos_token, pad_token;
   std::optional<int64_t> pad_id;
+  std::string config_file;  // <folder>/tokenizer_config.json (for messages; it may be absent)
+  // Each named special token (bos_token ... mask_token, extra tokens) with
+  // where it was named ("<file>: pad_token", "Qwen2Tokenizer's default pad_token").
+  std::vector<std::pair<std::string, std::string>> named_origins;
   bool pad_left = false;
   bool truncate_left = false;
   std::optional<HfChatTemplateSource> tokenizer_chat_template, processor_chat_template;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "checkpoint/strict_json.h"
 #include "text/hf_tokenizer_impl.h"
@@ -303,6 +304,20 @@ std::string transformers_class_of(const fs::path& root, const std::string& folde
   return cls;
 }
 
+// tokenizer.json's normalizer; for Qwen2Tokenizer always NFC, whatever the file
+// says (null, another one): transformers' Qwen2Tokenizer.__init__ builds its
+// backend from the file's vocab and merges and sets normalizers.NFC() itself.
+void read_normalizer(const HfFolderFiles& files, bool qwen2, std::vector<HfNormalizerKind>& out) {
+  const json n = files.tokenizer_json.value("normalizer", json());
+  if (!qwen2) return parse_normalizer(n, files.tokenizer_file, "normalizer", out);
+  out = {HfNormalizerKind::kNFC};
+  if (!n.is_null() && n != json{{"type", "NFC"}}) {
+    spdlog::warn("{}: normalizer {} is not used: a Qwen2Tokenizer applies NFC whatever tokenizer.json says (as "
+                 "transformers does)",
+                 files.tokenizer_file, clip_text(n.dump()));
+  }
+}
+
 // transformers' Qwen2Tokenizer builds NFC + Split(regex, isolated) + ByteLevel(use_regex=false)
 // and BPE(byte_fallback=false, unk=None); tokenizer.json must say the same.
 void check_qwen2_pipeline(const HfTokenizer::Impl& impl, const HfFolderFiles& files) {
@@ -311,8 +326,6 @@ void check_qwen2_pipeline(const HfTokenizer::Impl& impl, const HfFolderFiles& fi
   const bool same_pre = pre.size() == 2 && pre[0].kind == HfPreTokenizerStep::Kind::kSplit &&
                         pre[0].regex->pattern() == kQwen2Pattern && pre[1].kind == HfPreTokenizerStep::Kind::kByteLevel &&
                         !pre[1].regex && pre[1].add_prefix_space == prefix;
-  if (impl.normalizers != std::vector<HfNormalizerKind>{HfNormalizerKind::kNFC})
-    bad_field(files.tokenizer_file, "normalizer", "is not {\"type\": \"NFC\"}, the normalizer transformers' Qwen2Tokenizer uses");
   if (!same_pre)
     bad_field(files.tokenizer_file, "pre_tokenizer",
               "is not the Sequence of Split(Qwen2's regex, Isolated) and ByteLevel(use_regex=false) that transformers' "
@@ -383,7 +396,7 @@ std::shared_ptr<HfTokenizer::Impl> load_hf_tokenizer(const std::string& folder, 
   impl->tokenizer_file = files.tokenizer_file;
   if (!files.tokenizer_json.contains("model")) bad_field(files.tokenizer_file, "model", "is missing");
   impl->model = BpeModel::from_json(files.tokenizer_json["model"], files.tokenizer_file);
-  parse_normalizer(files.tokenizer_json.value("normalizer", json()), files.tokenizer_file, "normalizer", impl->normalizers);
+  read_normalizer(files, qwen2, impl->normalizers);
   parse_pre_tokenizer(files.tokenizer_json.value("pre_tokenizer", json()), files.tokenizer_file, "pre_tokenizer", impl->pre_tokenizers);
   parse_post_processor(files.tokenizer_json.value("post_processor", json()), files.tokenizer_file, "post_processor", impl->post_processor);
   if (qwen2) check_qwen2_pipeline(*impl, files);

@@ -26,6 +26,25 @@ Cases (one ctest entry each; `hostile_folders.py TPRUN MPIRUN CASE`):
   pixtral_tokenizer_class  a FLUX.2 [dev] tokenizer folder whose tokenizer_config.json names
                LlamaTokenizerFast (as the hub's Mistral-Small-3.1 files do), PreTrainedTokenizerFast or
                TokenizersBackend: loaded, with the ids of diffusers' PixtralProcessor call.
+  component_class_every_pipeline  for each registered pipeline (FluxPipeline, Flux2KleinPipeline,
+               Flux2Pipeline, QwenImagePipeline): a wrong class in model_index.json, in a component's
+               config.json _class_name and in the text encoder's architectures ([], a string, another
+               class): exit 4 naming the file and the field, no weight read. QwenImagePipeline had no
+               table: FluxTransformer2DModel, EvilModel, AutoencoderKLWan, T5EncoderModel, DDIMScheduler,
+               and a Qwen3ForCausalLM text_encoder/ folder ran.
+  index_class_name  model_index.json _class_name 5, "" or missing: exit 4 naming _class_name (was
+               "class ''", exit 3), for generate, tokenize and inspect.
+  pad_token_null  tokenizer_config.json pad_token null (Qwen-Image, klein): exit 4 at load naming
+               pad_token (was exit 6 on every request); an unknown pad_token / eos_token: exit 4 naming the
+               token and the key (was a bare vocabulary size mismatch).
+  model_index_not_missing  a model_index.json that exists but cannot be stat'ed (a symlink loop) or
+               is a folder: said as it is, never "no model_index.json".
+  qwen_normalizer_null  a Qwen2Tokenizer tokenizer.json whose normalizer is null (or NFD): loaded,
+               NFC applied as transformers 5's Qwen2Tokenizer does; `tprun tokenize` ids equal
+               transformers' on decomposed / compatibility text.
+  clip_transformers5  FLUX.1's text_encoder re-saved by transformers 5's CLIPTextModel.save_pretrained
+               (names without "text_model."): `tprun forward --component text_encoder` equals
+               transformers, and `tprun generate` equals diffusers' FluxPipeline image (1e-3).
 """
 import json
 import os
@@ -338,8 +357,209 @@ def case_pixtral_tokenizer_class(work):
                 f"{type(proc).__name__}'s" + ("" if r.returncode == 0 else f": {got}"))
 
 
+# ---- every pipeline's folder (issue 31) ------------------------------------------------------
+
+PRESETS = (("flux", "FluxPipeline"), ("flux2-klein", "Flux2KleinPipeline"), ("flux2-dev", "Flux2Pipeline"),
+           ("qwen-image", "QwenImagePipeline"))
+
+
+def tokenize_args(folder):
+    return ["tokenize", "--model", folder, "--prompt", "a red fox"]
+
+
+def case_component_class_every_pipeline(work):
+    out = os.path.join(work, "never.png")
+    folders = {arch: H.init_model(work, arch) for arch, _ in PRESETS}
+    for arch, cls in PRESETS:
+        src = folders[arch]
+        index = json.load(open(os.path.join(src, "model_index.json")))
+        H.check(index["_class_name"] == cls, f"{arch} is a {cls}")
+        # A wrong class in model_index.json, for every component it names.
+        for comp, wrong in (("transformer", "EvilModel"), ("vae", "AutoencoderKLWan"),
+                            ("text_encoder", "T5EncoderModel"), ("scheduler", "DDIMScheduler")):
+            lib = index[comp][0]
+            d = copy_model(work, src, f"{arch}-{comp}-{wrong}", index_edit(lambda j: j.__setitem__(comp, [lib, wrong])))
+            expect(f"{cls} model_index.json {comp} {wrong} (tokenize)", tokenize_args(d), 4,
+                   [f"model_index.json: {comp} is [\"{lib}\", \"{wrong}\"]"], np_=0)
+        # The transformer class of another family.
+        other = "FluxTransformer2DModel" if cls != "FluxPipeline" else "QwenImageTransformer2DModel"
+        d = copy_model(work, src, f"{arch}-other-transformer",
+                       index_edit(lambda j: j.__setitem__("transformer", ["diffusers", other])))
+        expect(f"{cls} model_index.json transformer {other} (generate)", generate_args(d, out), 4,
+               [f"model_index.json: transformer is [\"diffusers\", \"{other}\"]", cls])
+        # The component's own config.json: _class_name, then architectures.
+        for value, want in (("EvilModel", "_class_name 'EvilModel' is not a class"),
+                            (5, "_class_name is not a string (found 5)"), ("", "_class_name '' is not a class")):
+            d = copy_model(work, src, f"{arch}-config-{value}", lambda d: edit_json(
+                os.path.join(d, "transformer", "config.json"), lambda j: j.__setitem__("_class_name", value)))
+            expect(f"{cls} transformer/config.json _class_name {value!r}", tokenize_args(d), 4,
+                   [os.path.join("transformer", "config.json") + ": " + want], np_=0)
+        for value, want in ((["EvilModel"], "architectures[0] 'EvilModel' is not a class"),
+                            ([], "architectures must be a list of class names (found [])"),
+                            ("X", "architectures must be a list of class names (found \"X\")")):
+            d = copy_model(work, src, f"{arch}-arch-{json.dumps(value)}", lambda d: edit_json(
+                os.path.join(d, "text_encoder", "config.json"), lambda j: j.__setitem__("architectures", value)))
+            expect(f"{cls} text_encoder/config.json architectures {value!r}", tokenize_args(d), 4,
+                   [os.path.join("text_encoder", "config.json") + ": " + want], np_=0)
+    # A Qwen-Image folder whose text_encoder/ is klein's Qwen3ForCausalLM ran to exit 0.
+    def qwen3_encoder(d):
+        shutil.rmtree(os.path.join(d, "text_encoder"))
+        shutil.copytree(os.path.join(folders["flux2-klein"], "text_encoder"), os.path.join(d, "text_encoder"))
+    d = copy_model(work, folders["qwen-image"], "qwen-with-qwen3", qwen3_encoder)
+    expect("QwenImagePipeline with a Qwen3ForCausalLM text_encoder/", generate_args(d, out), 4,
+           [os.path.join("text_encoder", "config.json") + ": architectures[0] 'Qwen3ForCausalLM' is not a class a "
+            "QwenImagePipeline accepts"])
+    H.check(not os.path.exists(out), "no image was written")
+
+
+def case_index_class_name(work):
+    klein = H.init_model(work, "flux2-klein")
+    out = os.path.join(work, "never.png")
+    for label, fn, want in (("5", lambda j: j.__setitem__("_class_name", 5), "_class_name is not a string (found 5)"),
+                            ("empty", lambda j: j.__setitem__("_class_name", ""), "_class_name is empty"),
+                            ("missing", lambda j: j.pop("_class_name"), "_class_name is missing")):
+        d = copy_model(work, klein, f"class-{label}", index_edit(fn))
+        line = "model_index.json: " + want
+        expect(f"generate, _class_name {label}", generate_args(d, out), 4, [line])
+        expect(f"tokenize, _class_name {label}", tokenize_args(d), 4, [line], np_=0)
+        expect(f"inspect, _class_name {label}", ["inspect", d], 4, [line], np_=0)
+    H.check(not os.path.exists(out), "no image was written")
+
+
+def tokenizer_config_edit(fn):
+    return lambda d: edit_json(os.path.join(d, "tokenizer", "tokenizer_config.json"), fn)
+
+
+def case_pad_token_null(work):
+    out = os.path.join(work, "never.png")
+    for arch in ("qwen-image", "flux2-klein"):
+        src = H.init_model(work, arch)
+        d = copy_model(work, src, f"{arch}-pad-null", tokenizer_config_edit(lambda j: j.__setitem__("pad_token", None)))
+        want = [os.path.join("tokenizer", "tokenizer_config.json") + ": pad_token is null or missing"]
+        expect(f"{arch} pad_token null: generate", generate_args(d, out), 4, want)
+        expect(f"{arch} pad_token null: tokenize", tokenize_args(d), 4, want, np_=0)
+        manifest, outdir = write_manifest(work, f"{arch}-pad", d, "")
+        expect(f"{arch} pad_token null: run", ["run", manifest], 4, want)
+        H.check(not os.path.exists(os.path.join(outdir, "images")), f"{arch}: run wrote no image")
+        for key in ("pad_token", "eos_token"):
+            d = copy_model(work, src, f"{arch}-{key}-unknown",
+                           tokenizer_config_edit(lambda j: j.__setitem__(key, "<|not_in_vocab|>")))
+            expect(f"{arch} unknown {key}: generate", generate_args(d, out), 4,
+                   ["'<|not_in_vocab|>' (id", f"tokenizer_config.json: {key} names a token"])
+    H.check(not os.path.exists(out), "no image was written")
+
+
+def case_model_index_not_missing(work):
+    klein = H.init_model(work, "flux2-klein")
+    loop = copy_model(work, klein, "loop")
+    os.remove(os.path.join(loop, "model_index.json"))
+    os.symlink("model_index.json", os.path.join(loop, "model_index.json"))
+    for args in (tokenize_args(loop), ["inspect", loop]):
+        rc, log = run(args, np_=0)
+        H.check(rc not in (0, 3) and "no model_index.json" not in log and "symbolic links" in log,
+                f"{args[0]} on a model_index.json symlink loop: exit {rc}, says what stat said\n{log[-600:]}")
+    folder = copy_model(work, klein, "index-folder")
+    os.remove(os.path.join(folder, "model_index.json"))
+    os.makedirs(os.path.join(folder, "model_index.json"))
+    expect("model_index.json a folder", tokenize_args(folder), 4, ["model_index.json is not a regular file"], np_=0)
+    # The folder really without one still says so.
+    none = os.path.join(work, "none")
+    os.makedirs(none)
+    rc, log = run(tokenize_args(none), np_=0)
+    H.check(rc == 3 and "no model_index.json" in log, f"a folder without model_index.json: exit {rc}")
+
+
+def qwen_tokenize_ids(folder, prompt):
+    r = subprocess.run([H.tprun, "tokenize", "--model", folder, "--prompt", prompt, "--json"], capture_output=True,
+                       text=True)
+    return (json.loads(r.stdout)["tokenizer"] if r.returncode == 0 else r.stderr.strip()[-400:]), r.stderr
+
+
+def case_qwen_normalizer_null(work):
+    import transformers
+    from qwen_image_tokenizer_parity import TEMPLATE
+    src = H.init_model(work, "qwen-image")
+    # The fast layout (tokenizer.json), as transformers saves the folder's tokenizer.
+    fast = copy_model(work, src, "qwen-fast")
+    tok = transformers.AutoTokenizer.from_pretrained(os.path.join(src, "tokenizer"))
+    shutil.rmtree(os.path.join(fast, "tokenizer"))
+    tok.save_pretrained(os.path.join(fast, "tokenizer"))
+    tj = os.path.join(fast, "tokenizer", "tokenizer.json")
+    H.check(json.load(open(tj))["normalizer"] == {"type": "NFC"}, "transformers saves normalizer NFC")
+    prompts = ["a red fox", "cafe\u0301 se\u0301ance, Angstro\u0308m", "\ufb01ne \u212b \u1e9b\u0323"]
+    for label, normalizer in (("null", None), ("NFD", {"type": "NFD"})):
+        d = copy_model(work, fast, f"qwen-normalizer-{label}",
+                       lambda d: edit_json(os.path.join(d, "tokenizer", "tokenizer.json"),
+                                           lambda j: j.__setitem__("normalizer", normalizer)))
+        ref = transformers.AutoTokenizer.from_pretrained(os.path.join(d, "tokenizer"))
+        H.check(type(ref).__name__.startswith("Qwen2Tokenizer"), f"{label}: transformers loads {type(ref).__name__}")
+        for p in prompts:
+            want = ref([TEMPLATE.format(p)], max_length=1024 + 34, padding=True, truncation=True)["input_ids"][0]
+            got, err = qwen_tokenize_ids(d, p)
+            H.check(got == [int(i) for i in want], f"normalizer {label}, prompt {p!r}: tprun ids equal transformers'"
+                    + ("" if isinstance(got, list) else f": {got}"))
+        H.check(label == "null" or "is not used: a Qwen2Tokenizer applies NFC" in err, f"normalizer {label}: a warning names the unused normalizer")
+
+
+def case_clip_transformers5(work):
+    import numpy as np
+    import torch
+    from diffusers import FluxPipeline
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+    from safetensors.torch import save_file
+    from transformers import CLIPTextModel
+    torch.set_num_threads(1)
+    src = H.init_model(work, "flux")
+    d = copy_model(work, src, "flux-clip5")
+    enc = os.path.join(d, "text_encoder")
+    hub = CLIPTextModel.from_pretrained(os.path.join(src, "text_encoder"), torch_dtype=torch.float32)
+    # A model made in transformers 5 (not loaded from a prefixed file, whose names save_pretrained keeps).
+    model = CLIPTextModel(hub.config)
+    model.load_state_dict(hub.state_dict())
+    model.eval()
+    shutil.rmtree(enc)
+    model.save_pretrained(enc)
+    names = list(safe_open(os.path.join(enc, "model.safetensors"), "pt").keys())
+    H.check(names and not any(n.startswith("text_model.") for n in names),
+            f"transformers 5 saves CLIPTextModel without the text_model. prefix ({names[:2]})")
+    # The encoder alone against transformers.
+    ids = torch.tensor([[49406, 320, 1774, 3240, 49407] + [49407] * 11]) % model.config.vocab_size
+    inputs = os.path.join(work, "clip-inputs.safetensors")
+    save_file({"input_ids": ids}, inputs)
+    out = os.path.join(work, "clip-out.safetensors")
+    rc, log = run(["forward", "--model", enc, "--component", "text_encoder", "--inputs", inputs, "--out", out], np_=1)
+    H.check(rc == 0, f"forward on the transformers 5 text_encoder: exit {rc}" + ("" if rc == 0 else log[-1500:]))
+    if rc == 0:
+        with torch.no_grad():
+            ref = model(ids)
+        got = load_file(out)
+        for name, want in (("last_hidden_state", ref.last_hidden_state), ("pooler_output", ref.pooler_output)):
+            diff = float(np.abs(got[name].astype(np.float64) - want.numpy().astype(np.float64)).max())
+            H.check(diff <= 1e-4, f"forward {name} within 1e-4 of transformers ({diff:.2e})")
+    # The whole pipeline against diffusers.
+    pipe = FluxPipeline.from_pretrained(d, torch_dtype=torch.float32)
+    prompt, seed = "a red fox in the snow, watercolor", 7
+    img = pipe(prompt=prompt, height=64, width=64, num_inference_steps=2, guidance_scale=3.5, max_sequence_length=64,
+               generator=torch.Generator("cpu").manual_seed(seed), output_type="np").images
+    tensors = os.path.join(work, "clip5.safetensors")
+    rc, log = run(["generate", "--model", d, "--prompt", prompt, "--height", "64", "--width", "64", "--steps", "2",
+                   "--guidance", "3.5", "--seed", str(seed), "--max-sequence-length", "64", "--out-tensors", tensors,
+                   "--out", os.path.join(work, "clip5.png")], np_=1)
+    H.check(rc == 0, f"generate on the transformers 5 text_encoder: exit {rc}" + ("" if rc == 0 else log[-1500:]))
+    if rc == 0:
+        diff = float(np.abs(load_file(tensors)["image"].astype(np.float64) - np.asarray(img, np.float64)).max())
+        H.check(diff <= 1e-3, f"image within 1e-3 of diffusers' FluxPipeline ({diff:.2e})")
+
+
 CASES = {
     "pixtral_tokenizer_class": case_pixtral_tokenizer_class,
+    "component_class_every_pipeline": case_component_class_every_pipeline,
+    "index_class_name": case_index_class_name,
+    "pad_token_null": case_pad_token_null,
+    "model_index_not_missing": case_model_index_not_missing,
+    "qwen_normalizer_null": case_qwen_normalizer_null,
+    "clip_transformers5": case_clip_transformers5,
     "component_class_model_index": case_component_class_model_index,
     "component_class_config": case_component_class_config,
     "vae_tiles": case_vae_tiles,
