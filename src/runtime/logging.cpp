@@ -93,8 +93,9 @@ class AppendSink final : public spdlog::sinks::base_sink<std::mutex> {
 
 // The log folder is no model folder and lies in none: neither it nor a folder
 // above it holds model_index.json (a pipeline), and it holds no config.json,
-// tokenizer file or weights (a component or tokenizer folder, as `forward`,
-// `bench` and `inspect` read them). Symlinks are resolved first.
+// tokenizer file or diffusers/transformers weights file (a component or
+// tokenizer folder, as `forward`, `bench` and `inspect` read them). Symlinks
+// are resolved first.
 void check_log_folder(const std::string& dir) {
   std::error_code ec;
   const fs::path abs = fs::absolute(dir, ec);
@@ -110,10 +111,11 @@ void check_log_folder(const std::string& dir) {
     }
     if (p == p.root_path()) break;
   }
-  for (fs::directory_iterator it(real, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string n = it->path().filename().string();
-    const bool weights = n.size() > 12 && n.compare(n.size() - 12, 12, ".safetensors") == 0;
-    if (weights || n == "config.json" || n == "tokenizer.json" || n == "tokenizer_config.json") {
+  // Named files, not a listing: every rank checks, and a log folder may hold thousands of logs.
+  for (const char* n : {"config.json", "tokenizer.json", "tokenizer_config.json", "diffusion_pytorch_model.safetensors",
+                        "model.safetensors", "diffusion_pytorch_model.safetensors.index.json",
+                        "model.safetensors.index.json"}) {
+    if (fs::exists(real / n, ec)) {
       refuse_log(dir, fmt::format("{} holds {}: it is a model folder (a component's or a tokenizer's); tprun never "
                                   "writes into a model folder: choose another --log-dir (or --log-dir '' for no log "
                                   "files)",

@@ -5,7 +5,7 @@
 //   file:             every rank at debug (or finer) into <dir>/rank-NNNN.log,
 //                     appended to across runs. The folder is never a model
 //                     folder nor inside one (model_index.json at or above it;
-//                     config.json, a tokenizer file or *.safetensors in it),
+//                     config.json, a tokenizer file or weights in it),
 //                     and the file is opened without following a symlink and
 //                     must be new, empty or a log tprun wrote (its first line
 //                     one of tprun's): ConfigError naming --log-dir otherwise.
