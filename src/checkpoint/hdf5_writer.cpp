@@ -1,6 +1,7 @@
 #include "checkpoint/hdf5_writer.h"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
 #include <unistd.h>
 
 #include <cerrno>
@@ -215,7 +216,9 @@ void convert_to_hdf5(const ComponentCheckpoint& src, const std::string& dst, con
     for (const auto& e : h.tensors) check_tensor_name(e.name, h.file);
 
   TempFile tmp;
-  tmp.path = fmt::format("{}.tmp-{}", dst, ::getpid());
+  // H5F_ACC_EXCL (O_CREAT | O_EXCL): a file or a symlink planted at this
+  // predictable name is never truncated nor followed; tmp owns it once made.
+  const std::string tmp_path = fmt::format("{}.tmp-{}", dst, ::getpid());
   {
     H5Handle fapl(check_id(H5Pcreate(H5P_FILE_ACCESS), dst, "H5Pcreate"), H5Pclose);
     // 1.8+ object headers: attributes of any size (a large config.json).
@@ -223,9 +226,10 @@ void convert_to_hdf5(const ComponentCheckpoint& src, const std::string& dst, con
 #if H5_VERSION_GE(1, 10, 7)
     check_rc(H5Pset_file_locking(fapl.get(), true, /*ignore_when_disabled=*/true), dst, "H5Pset_file_locking");
 #endif
-    H5Handle file(check_id(H5Fcreate(tmp.path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), dst,
-                           fmt::format("creating {}", tmp.path)),
+    H5Handle file(check_id(H5Fcreate(tmp_path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), dst,
+                           fmt::format("creating {} (it must not exist yet)", tmp_path)),
                   H5Fclose);
+    tmp.path = tmp_path;
     write_string_attribute(file.get(), "tprun_format", kHdf5FormatName, dst);
     if (src.has_config()) write_string_attribute(file.get(), "config.json", config_text(src), dst);
     std::map<std::string, std::string> metadata;
@@ -259,9 +263,15 @@ void convert_to_hdf5(const ComponentCheckpoint& src, const std::string& dst, con
     if (fd.get() < 0 || ::fsync(fd.get()) != 0)
       throw CheckpointError(fmt::format("{}: fsync failed: {}", tmp.path, std::strerror(errno)));
   }
-  if (!opts.overwrite && fs::exists(dst, ec))
-    throw CheckpointError(fmt::format("{}: already exists (pass --force to overwrite)", dst));
-  if (::rename(tmp.path.c_str(), dst.c_str()) != 0)
+  // Without --force, never over a file that appeared meanwhile (RENAME_NOREPLACE; link(2) where it is missing).
+  int rc = opts.overwrite ? ::rename(tmp.path.c_str(), dst.c_str())
+                          : ::renameat2(AT_FDCWD, tmp.path.c_str(), AT_FDCWD, dst.c_str(), RENAME_NOREPLACE);
+  if (rc != 0 && !opts.overwrite && (errno == EINVAL || errno == ENOSYS)) {
+    rc = ::link(tmp.path.c_str(), dst.c_str());
+    if (rc == 0) ::unlink(tmp.path.c_str());
+  }
+  if (rc != 0 && errno == EEXIST) throw CheckpointError(fmt::format("{}: already exists (pass --force to overwrite)", dst));
+  if (rc != 0)
     throw CheckpointError(fmt::format("{}: rename from {} failed: {}", dst, tmp.path, std::strerror(errno)));
   tmp.committed = true;
 }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <stdio.h>  // renameat2
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,16 +35,20 @@ void write_all(int fd, const void* data, uint64_t len, const std::string& path) 
   }
 }
 
-// A temporary file next to `path`, renamed over it on commit, removed otherwise.
+// A temporary file next to `path` (a fresh name: mkstemp's O_CREAT | O_EXCL
+// never follows a symlink planted at a predictable name), renamed over it on
+// commit (without `overwrite`: only where nothing is, RENAME_NOREPLACE),
+// removed otherwise.
 class AtomicFile {
  public:
-  AtomicFile(const std::string& path, bool overwrite) : path_(path) {
+  AtomicFile(const std::string& path, bool overwrite) : path_(path), overwrite_(overwrite) {
     std::error_code ec;
-    if (!overwrite && std::filesystem::exists(path, ec))
+    if (!overwrite && std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
       throw CheckpointError(fmt::format("{}: already exists (pass --force to overwrite)", path));
-    tmp_ = fmt::format("{}.tmp-{}", path, ::getpid());
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    tmp_ = path + ".tmp-XXXXXX";
+    fd_ = ::mkstemp(tmp_.data());
     if (fd_ < 0) throw CheckpointError(fmt::format("{}: cannot create: {}", tmp_, std::strerror(errno)));
+    ::fchmod(fd_, 0644);
   }
   ~AtomicFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -54,13 +59,21 @@ class AtomicFile {
     if (::fsync(fd_) != 0) throw CheckpointError(fmt::format("{}: fsync failed: {}", tmp_, std::strerror(errno)));
     ::close(fd_);
     fd_ = -1;
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-      throw CheckpointError(fmt::format("{}: rename failed: {}", path_, std::strerror(errno)));
+    int rc = overwrite_ ? ::rename(tmp_.c_str(), path_.c_str())
+                        : ::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, path_.c_str(), RENAME_NOREPLACE);
+    if (rc != 0 && !overwrite_ && (errno == EINVAL || errno == ENOSYS)) {  // link(2) refuses an existing name too
+      rc = ::link(tmp_.c_str(), path_.c_str());
+      if (rc == 0) ::unlink(tmp_.c_str());
+    }
+    if (rc != 0 && errno == EEXIST)
+      throw CheckpointError(fmt::format("{}: already exists (pass --force to overwrite)", path_));
+    if (rc != 0) throw CheckpointError(fmt::format("{}: rename failed: {}", path_, std::strerror(errno)));
     committed_ = true;
   }
 
  private:
   std::string path_, tmp_;
+  bool overwrite_ = false;
   int fd_ = -1;
   bool committed_ = false;
 };

@@ -271,7 +271,9 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
                      .dump()
               << std::endl;
     if (vm.count("out")) {
-      checkpoint::write_tensor_file_f32(vm["out"].as<std::string>(), {{model->primary_output(), times.sample}});
+      jobs::OutputTemp tmp(vm["out"].as<std::string>());  // placed as check_output_path allowed, race-free
+      checkpoint::write_tensor_file_f32(tmp.path(), {{model->primary_output(), times.sample}});
+      tmp.place(jobs::OutputKind::Tensors);
     }
   }
   world.barrier();

@@ -82,7 +82,9 @@ Command forward_command() {
                  model->bytes_loaded(), model->bytes_stored(), std::chrono::duration<double>(t2 - t1).count(),
                  tp.comm ? tp.comm->stats().summary() : std::string("no collectives (tp 1)"));
     if (session.rank() == 0) {
-      checkpoint::write_tensor_file_f32(vm["out"].as<std::string>(), outputs);
+      jobs::OutputTemp tmp(vm["out"].as<std::string>());  // placed as check_output_path allowed, race-free
+      checkpoint::write_tensor_file_f32(tmp.path(), outputs);
+      tmp.place(jobs::OutputKind::Tensors);
       spdlog::info("wrote {}", vm["out"].as<std::string>());
     }
     mesh->world().barrier();

@@ -178,13 +178,16 @@ void report_and_write(const po::variables_map& vm, const pipelines::GenerationRe
   if (tp.comm) spdlog::info("collectives: {}", tp.comm->stats().summary());
   if (vm.count("out")) {
     const std::string out = vm["out"].as<std::string>();
-    pipelines::write_png(out, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
-                         png_text(req, model, dtype, tp.size));
+    // A new file or one tprun wrote, checked again as it is placed (a file put there since is never replaced).
+    jobs::write_png_output(out, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
+                           png_text(req, model, dtype, tp.size));
     spdlog::info("wrote {} ({}x{})", out, res.width, res.height);
   }
   if (vm.count("out-tensors")) {
     const std::string out = vm["out-tensors"].as<std::string>();
-    checkpoint::write_tensor_file_f32(out, {{"latents", *res.latents}, {"image", *res.image}});
+    jobs::OutputTemp tmp(out);
+    checkpoint::write_tensor_file_f32(tmp.path(), {{"latents", *res.latents}, {"image", *res.image}});
+    tmp.place(jobs::OutputKind::Tensors);
     spdlog::info("wrote {}", out);
   }
 }

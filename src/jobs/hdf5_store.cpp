@@ -15,6 +15,7 @@
 
 #include "checkpoint/hdf5_util.h"
 #include "dist/control_plane.h"
+#include "jobs/output_folder.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
@@ -100,10 +101,22 @@ Hdf5Store::Hdf5Store(const std::string& out_dir, bool images, bool latents, cons
   const fs::path dir = fs::path(out_dir) / "store";
   std::string name = m.rank == 0 ? run_name() : std::string();
   control.broadcast(name);
-  if (m.rank == 0) fs::create_directories(dir);
-  control.barrier();
   m.final_path = (dir / name).string();
   m.tmp_path = (dir / ("." + name + ".tmp")).string();
+  // store/ made by mkdir, never a symlink (the store would land outside the
+  // output folder); neither name taken (H5F_ACC_EXCL below refuses one that
+  // appears since, a symlink included). One verdict for every rank.
+  control.agree([&] {
+    make_output_folder(out_dir, "store");
+    for (const std::string& p : {m.tmp_path, m.final_path}) {
+      struct stat st {};
+      if (::lstat(p.c_str(), &st) == 0) {
+        throw ConfigError(fmt::format("{} exists (the name of this run's HDF5 store file); tprun never replaces a "
+                                      "file it did not write: move it away",
+                                      p));
+      }
+    }
+  });
   const std::string& where = m.tmp_path;
   checkpoint::h5_silence_errors();
   try {
@@ -111,7 +124,7 @@ Hdf5Store::Hdf5Store(const std::string& out_dir, bool images, bool latents, cons
     check_rc(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL), where, "H5Pset_fapl_mpio");
     check_rc(H5Pset_all_coll_metadata_ops(fapl.get(), true), where, "H5Pset_all_coll_metadata_ops");
     check_rc(H5Pset_coll_metadata_write(fapl.get(), true), where, "H5Pset_coll_metadata_write");
-    m.file = H5Handle(check_id(H5Fcreate(where.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), where, "H5Fcreate"),
+    m.file = H5Handle(check_id(H5Fcreate(where.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), where, "H5Fcreate"),
                       H5Fclose);
     for (const char* group : {"images", "latents"}) {
       if ((group[0] == 'i' && !images) || (group[0] == 'l' && !latents)) continue;
@@ -212,12 +225,8 @@ std::string Hdf5Store::finish(const std::set<std::string>& written) {
     store_io_error("cannot finish the HDF5 store", where, e.what());
   }
   m.control->barrier();
-  if (m.rank == 0) {
-    if (std::rename(m.tmp_path.c_str(), m.final_path.c_str()) != 0) {
-      throw_io_error(fmt::format("cannot rename {} to", m.tmp_path), m.final_path, errno);
-    }
-  }
-  m.control->barrier();
+  // Rank 0 renames it into place, never over a file (one verdict for every rank).
+  m.control->agree([&] { place_new_file(m.tmp_path, m.final_path); });
   return m.final_path;
 }
 

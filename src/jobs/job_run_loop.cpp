@@ -128,9 +128,11 @@ void JobRun::write_outputs(const JobRequest& req, const pipelines::GenerationRes
   if (m.png) {
     rec.path = "images/" + req.id + ".png";
     const std::string path = (out_dir_ / rec.path).string();
-    // I/O failures (disk full, quota, EFBIG) come as IoError naming the path and the errno text.
-    pipelines::write_png(path, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
-                         png_text(req));
+    // I/O failures (disk full, quota, EFBIG) come as IoError naming the path and the errno text. images/ is
+    // still a real folder, and the PNG goes in as a new file or over one tprun wrote (output_folder.h): a
+    // file put there since the run was checked ends the job (ConfigError naming it), never replaced.
+    check_output_entry(out_dir_, "images", EntryKind::Folder);
+    write_png_output(path, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height), png_text(req));
   }
   if (store_) {
     try {

@@ -75,9 +75,55 @@ JobPlan read_plan(const RunOptions& o) {
   return p;
 }
 
-bool is_stale_temp(const fs::path& p) {
-  const std::string n = p.filename().string();
-  return n.size() > 1 && n[0] == '.' && n.find(".tmp") != std::string::npos;
+// What tprun makes in an output folder is never a symlink (its files would
+// land outside): the chunk folder of --shard, images/, store/, embeddings/
+// and results.jsonl (the lock file: OutputLock). Checked before any weight
+// loads, and again where each is made or written.
+void check_output_names(const fs::path& out, bool shard) {
+  std::error_code ec;
+  if (shard && fs::is_directory(out.parent_path(), ec)) {
+    check_output_entry(out.parent_path(), out.filename().string(), EntryKind::Folder);
+  }
+  if (!fs::is_directory(out, ec)) return;
+  for (const char* folder : {"images", "store", "embeddings"}) check_output_entry(out, folder, EntryKind::Folder);
+  check_output_entry(out, "results.jsonl", EntryKind::File);
+}
+
+// Every request that will run again and whose images/<id>.png is there: the
+// file must be one tprun wrote (it is replaced), else the run is refused now,
+// before any weight loads, naming the file. Kept outputs (`done` and whole,
+// or `failed` and not retried) are never written, so never checked.
+void check_request_images(const JobPlan& plan, const ResultsLog& log, bool retry_failed, const fs::path& out) {
+  const Manifest& m = plan.manifest;
+  std::error_code ec;
+  if (!m.png || !fs::is_directory(out / "images", ec)) return;
+  for (const JobRequest& r : plan.requests) {
+    const std::string rel = "images/" + r.id + ".png";
+    const fs::path path = out / rel;
+    if (!fs::exists(fs::symlink_status(path, ec))) continue;
+    if (auto it = log.records().find(r.id); it != log.records().end()) {
+      if (it->second.status == "failed" && !retry_failed) continue;
+      if (it->second.status == "done" && output_file_problem(out.string(), rel).empty()) continue;
+    }
+    const std::string why = foreign_output(path.string(), OutputKind::Png);
+    if (!why.empty()) {
+      throw ConfigError(fmt::format("{}: request '{}' would write {}, which {}; tprun never replaces a file it did not "
+                                    "write: move it away, or choose another output folder (--out DIR)",
+                                    m.path, clip_text(r.id), clip_text(path.string(), 400), why),
+                        true);
+    }
+  }
+}
+
+// The output folder made (the user's path as given, symlinks in it followed;
+// below it, the chunk folder and images/ by mkdir, never through a symlink).
+void create_output_folder(const fs::path& out, bool shard, const std::string& manifest) {
+  const fs::path base = shard ? out.parent_path() : out;
+  std::error_code ec;
+  fs::create_directories(base, ec);
+  if (ec) throw_io_error(manifest + ": output.dir: cannot create", base.string(), ec.value());
+  if (shard) make_output_folder(base, out.filename().string());
+  make_output_folder(out, "images");
 }
 
 }  // namespace
@@ -122,10 +168,12 @@ void JobRun::validate() {
   control_.agree([&] {
     const std::string warning = check_output_placement(m);
     if (!warning.empty()) spdlog::warn("{}", warning);
+    check_output_names(out_dir_, options_.shard_count > 0);
     std::error_code ec;
     if (fs::is_directory(out_dir_, ec)) {
       lock_ = OutputLock::acquire(out_dir_.string());
       log_ = std::make_unique<ResultsLog>(out_dir_.string());
+      check_request_images(plan_, *log_, options_.retry_failed, out_dir_);
     }
   });
 }
@@ -149,9 +197,9 @@ void JobRun::resume() {
   std::string todo_json;
   control_.agree([&] {
     std::error_code ec;
-    fs::create_directories(images_, ec);
-    if (ec) throw_io_error(m.path + ": output.dir: cannot create", images_.string(), ec.value());
+    create_output_folder(out_dir_, options_.shard_count > 0, m.path);
     if (!lock_) lock_ = OutputLock::acquire(out_dir_.string());
+    check_output_names(out_dir_, options_.shard_count > 0);
     if (!lock_->unsupported().empty()) {
       spdlog::warn("{}: the file system refuses locks ({}): nothing stops a second run on this output folder; run one "
                    "at a time",
@@ -161,7 +209,7 @@ void JobRun::resume() {
       if (!fs::is_directory(d, ec)) continue;
       for (fs::directory_iterator it(d, ec), end; !ec && it != end; it.increment(ec)) {
         std::error_code fec;
-        if (it->is_regular_file(fec) && is_stale_temp(it->path())) {
+        if (fs::is_regular_file(it->symlink_status(fec)) && is_output_temp(it->path().filename().string())) {
           spdlog::info("removing a temporary file left by an interrupted run: {}", it->path().string());
           if (!fs::remove(it->path(), fec) && fec) throw_io_error("cannot remove", it->path().string(), fec.value());
         }

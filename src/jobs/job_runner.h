@@ -11,7 +11,11 @@
 //     and broadcasts the choice. Then dp replicas x tp groups. The output folder must not be the
 //     model folder or inside it; one that exists is locked by rank 0 now
 //     (OutputLock: a second run on it is refused on every rank, naming the
-//     holder's pid and host) and its results.jsonl read.
+//     holder's pid and host) and its results.jsonl read. Nothing tprun makes
+//     inside it (images/, store/, embeddings/, results.jsonl, the --shard
+//     chunk folder) may be a symlink, and every request that will run again
+//     must find at images/<id>.png nothing or a PNG tprun wrote: refused on
+//     every rank before any weight loads, naming the file.
 //  3. The model loads. Only then (a run that fails earlier leaves nothing
 //     behind) rank 0 creates the output folder, takes the lock if it has not
 //     yet, and reads results.jsonl: requests recorded `done` whose outputs are
@@ -38,7 +42,8 @@
 //     Each replica runs its requests in order; all TP ranks of a replica run
 //     the same request. A RequestError (bad size, prompt, NaN latents) is
 //     recorded `failed` and the batch goes on. The replica's TP rank 0 writes
-//     images/<id>.png (atomically) and sends its record to world rank 0,
+//     images/<id>.png (atomically, never over a file tprun did not write:
+//     output_folder.h place_output_file) and sends its record to world rank 0,
 //     the one writer of results.jsonl (appended and flushed per request).
 //  6. SIGTERM / SIGINT: each replica agrees (an AllReduce of the flag over its
 //     TP group before each request and at every denoise step) to stop; the

@@ -1,9 +1,13 @@
 #include "jobs/merge_results.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -82,6 +86,72 @@ void check_array(const std::vector<std::string>& dirs, const MergeOptions& optio
                missing, n, list);
 }
 
+// Whether --out holds the marker of an earlier merge (a regular file, not a
+// symlink, holding {"merged_by": "tprun merge-results", ...}).
+bool merged_here(const fs::path& out) {
+  const fs::path marker = out / kMergedMarker;
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(marker, ec)) || fs::file_size(marker, ec) > (1 << 20) || ec) return false;
+  std::ifstream in(marker, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  return j.is_object() && j.value("merged_by", "") == "tprun merge-results";
+}
+
+// Whether the regular file `b` holds exactly the bytes of `a`.
+bool same_bytes(const fs::path& a, const fs::path& b) {
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(b, ec)) || fs::file_size(a, ec) != fs::file_size(b, ec) || ec) {
+    return false;
+  }
+  std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
+  std::vector<char> ba(1 << 16), bb(1 << 16);
+  while (fa && fb) {
+    fa.read(ba.data(), static_cast<std::streamsize>(ba.size()));
+    fb.read(bb.data(), static_cast<std::streamsize>(bb.size()));
+    if (fa.gcount() != fb.gcount() || std::memcmp(ba.data(), bb.data(), static_cast<size_t>(fa.gcount())) != 0) {
+      return false;
+    }
+  }
+  return fa.eof() && fb.eof();
+}
+
+// `src` copied to the new file `to` (O_EXCL | O_NOFOLLOW: never over a file, never through a symlink).
+void copy_exclusive(const fs::path& src, const fs::path& to) {
+  const int in = ::open(src.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) throw_io_error("merge-results: cannot read", src.string(), errno);
+  const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (out < 0) {
+    const int err = errno;
+    ::close(in);
+    throw_io_error(fmt::format("merge-results: cannot copy {} to", src.string()), to.string(), err);
+  }
+  std::vector<char> buf(1 << 20);
+  int err = 0;
+  for (;;) {
+    const ssize_t n = ::read(in, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : 0;
+      break;
+    }
+    for (ssize_t off = 0; off < n && err == 0;) {
+      const ssize_t w = ::write(out, buf.data() + off, static_cast<size_t>(n - off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) err = errno;
+      else off += w;
+    }
+    if (err != 0) break;
+  }
+  if (err == 0 && ::fsync(out) != 0) err = errno;
+  ::close(in);
+  if (::close(out) != 0 && err == 0) err = errno;
+  if (err != 0) {
+    ::unlink(to.c_str());
+    throw_io_error(fmt::format("merge-results: cannot copy {} to", src.string()), to.string(), err);
+  }
+}
+
 // --out is no chunk, not inside one, and holds no results.jsonl that
 // merge-results did not write; its images/ and store/ are its own folders.
 void check_out(const std::string& out_dir, const fs::path& out, const std::vector<std::string>& dirs,
@@ -105,8 +175,7 @@ void check_out(const std::string& out_dir, const fs::path& out, const std::vecto
   const auto st = fs::status(out, ec);
   if (!fs::exists(st)) return;
   if (!fs::is_directory(st)) throw ConfigError(fmt::format("merge-results: --out {} is not a folder", out_dir), true);
-  if (fs::exists(fs::symlink_status(out / "results.jsonl", ec)) &&
-      !fs::exists(fs::symlink_status(out / kMergedMarker, ec))) {
+  if (fs::exists(fs::symlink_status(out / "results.jsonl", ec)) && !merged_here(out)) {
     throw ConfigError(fmt::format("merge-results: --out {} holds a results.jsonl that merge-results did not write (a "
                                   "run's own log, or a chunk's): the merge would replace it; pick another --out",
                                   out_dir),
@@ -119,6 +188,47 @@ void check_out(const std::string& out_dir, const fs::path& out, const std::vecto
                                     out_dir, (out / sub).string()),
                         true);
     }
+  }
+  for (const char* file : {"results.jsonl", kMergedMarker}) {
+    try {
+      check_output_entry(out, file, EntryKind::File);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("merge-results: --out: ") + e.what(), true);
+    }
+  }
+}
+
+// The place in --out of each merged file (`dst`, below --out): every folder
+// along it a real folder (no symlink leading out), and the file there, if
+// any, one the merge may replace: the same file (merged before), a PNG tprun
+// wrote, or the same bytes (a store file copied by an earlier merge across
+// file systems). Anything else is refused before anything is written.
+void check_place(const fs::path& out, const std::string& src, const std::string& dst) {
+  std::error_code ec;
+  fs::path at = out;
+  const fs::path rel(dst);
+  for (auto it = rel.begin(); it != rel.end() && std::next(it) != rel.end(); ++it) {  // the file itself: below
+    try {
+      check_output_entry(at, it->string(), EntryKind::Folder);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("merge-results: --out: ") + e.what(), true);
+    }
+    at /= *it;
+  }
+  const fs::path to = out / rel;
+  if (!fs::exists(fs::symlink_status(to, ec))) return;
+  if (fs::is_regular_file(fs::symlink_status(to, ec)) && fs::equivalent(src, to, ec)) return;
+  std::string why;
+  if (to.extension() == ".png") {
+    why = foreign_output(to.string(), OutputKind::Png);
+  } else if (!same_bytes(src, to)) {
+    why = "exists and is not the file merged from the chunk";
+  }
+  if (!why.empty()) {
+    throw ConfigError(fmt::format("merge-results: {} {}; tprun never replaces a file it did not write: move it away, "
+                                  "or choose another --out; nothing was merged",
+                                  to.string(), why),
+                      true);
   }
 }
 
@@ -162,7 +272,7 @@ class Staging {
   Staging(const Staging&) = delete;
   Staging& operator=(const Staging&) = delete;
 
-  // `src`: a resolved regular file; `dst`: a plain relative path.
+  // `src`: a resolved regular file; `dst`: a plain relative path (check_place accepted its place).
   void stage(const fs::path& src, const std::string& dst) {
     const fs::path to = out_ / dst;
     std::error_code ec;
@@ -173,26 +283,21 @@ class Staging {
                         true);
     }
     if (fs::is_regular_file(st) && fs::equivalent(src, to, ec)) return;  // merged before: already this file
-    make_folders(to.parent_path());
+    if (to.extension() != ".png" && same_bytes(src, to)) return;           // copied by an earlier merge
+    make_folders(fs::path(dst).parent_path());
     const fs::path tmp = to.parent_path() / fmt::format(".{}.tmp-merge-{}", to.filename().string(), ::getpid());
-    fs::remove(tmp, ec);
+    fs::remove(tmp, ec);  // a leftover of this pid, or a symlink: the name itself goes, never its target
     fs::create_hard_link(src, tmp, ec);
-    if (ec) {
-      ec.clear();
-      fs::copy_file(src, tmp, fs::copy_options::overwrite_existing, ec);
-      if (ec) {
-        fs::remove(tmp, ec);
-        throw_io_error(fmt::format("merge-results: cannot link or copy {} to", src.string()), tmp.string(),
-                       ec ? ec.value() : EIO);
-      }
-    }
+    if (ec) copy_exclusive(src, tmp);
     temps_.emplace_back(tmp.string(), to.string());
   }
 
   void commit(const std::string& log, const std::string& marker) {
     for (; renamed_ < temps_.size(); ++renamed_) {
       const auto& [tmp, to] = temps_[renamed_];
-      if (::rename(tmp.c_str(), to.c_str()) != 0) throw_io_error("merge-results: cannot rename into", to, errno);
+      // Race-free: over a PNG tprun wrote, else only where nothing is (output_folder.h).
+      if (fs::path(to).extension() == ".png") place_output_file(tmp, to, OutputKind::Png);
+      else place_new_file(tmp, to);
     }
     write_file_atomic((out_ / kMergedMarker).string(), marker);
     write_file_atomic((out_ / "results.jsonl").string(), log);
@@ -200,15 +305,15 @@ class Staging {
   }
 
  private:
-  void make_folders(const fs::path& dir) {
+  // `rel` (below --out) made folder by folder with mkdir, none a symlink.
+  void make_folders(const fs::path& rel) {
     std::error_code ec;
-    std::vector<fs::path> fresh;
-    for (fs::path p = dir; p != out_ && !fs::exists(fs::symlink_status(p, ec)); p = p.parent_path()) {
-      fresh.push_back(p);
+    fs::path at = out_;
+    for (const auto& part : rel) {
+      const bool fresh = !fs::exists(fs::symlink_status(at / part, ec));
+      at = make_output_folder(at, part.string());
+      if (fresh) made_.push_back(at);
     }
-    fs::create_directories(dir, ec);
-    if (ec) throw_io_error("merge-results: cannot create", dir.string(), ec.value());
-    made_.insert(made_.end(), fresh.rbegin(), fresh.rend());
   }
 
   void rollback() noexcept {
@@ -404,6 +509,8 @@ MergeSummary merge_results(const std::vector<std::string>& chunk_dirs, const std
   MergePlan plan(out_dir);
   plan.add_store_files(chunk_dirs);
   const std::string lines = plan.add_records(merged, s);
+
+  for (const auto& [src, dst] : plan.places()) check_place(out, src, dst);
 
   // 4. All or nothing into --out (locked against runs and other merges).
   Staging staging(out);

@@ -11,7 +11,11 @@
 // names resolves (symlinks followed) to a regular file inside the chunk, and
 // every PNG is whole (signature to IEND, every chunk's CRC). --out is neither
 // a chunk nor inside one (it may hold the chunks: the run's output.dir) and
-// holds no results.jsonl that merge-results did not write. Each chunk's lock
+// holds no results.jsonl that merge-results did not write (its .tprun-merged
+// marker, a regular file, says it did); no folder on the way to a merged
+// file's place is a symlink, and a file already at a place is the same file,
+// a PNG tprun wrote or (a store file) the same bytes: a user's file there is
+// refused, never replaced (output_folder.h place_output_file). Each chunk's lock
 // is taken shared (a chunk whose run still holds its lock is refused), --out's
 // exclusively. All checks come before the first write; files are then linked
 // under temporary names and renamed into place, results.jsonl last, so a

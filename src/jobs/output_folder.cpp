@@ -249,13 +249,18 @@ std::string read_head(const fs::path& p, size_t max_bytes) {
   return out;
 }
 
-// Why the PNG at `p` is not one tprun wrote ("" when it is): a complete PNG
-// whose "Software" text chunk says "tprun <version>", as tprun's writer puts it.
+// Why the PNG at `p` is not one tprun wrote ("" when it is): a PNG whose
+// "Software" text chunk (whole, its CRC checked) says "tprun <version>", as
+// tprun's writer puts it before the image data, so one damaged since (a
+// flipped or cut IDAT: resume runs it again) still counts; and an empty file
+// (nothing in it to lose; tprun's atomic writes never leave one).
 std::string png_not_ours(const fs::path& p) {
   std::string software;
   const std::string bad = pipelines::png_incomplete(p.string(), &software);
-  if (!bad.empty()) return fmt::format("not a complete PNG ({})", bad);
   if (software.rfind("tprun ", 0) == 0) return "";
+  std::error_code ec;
+  if (fs::is_regular_file(p, ec) && fs::file_size(p, ec) == 0 && !ec) return "";
+  if (!bad.empty()) return fmt::format("not a complete PNG ({})", bad);
   return "a PNG without tprun's Software text chunk";
 }
 
@@ -339,37 +344,44 @@ void check_output_path(const std::string& path, const std::string& option, const
     if (dir == dir.root_path()) break;
   }
   // 2. What is there now.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (auto it = read_ids.find(FileId{st.st_dev, st.st_ino}); it != read_ids.end()) {
+      struct stat lst {};
+      const bool link = ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode);
+      refuse(option, path, fmt::format("is the same file as {} (a {}), which this run reads: pick another path",
+                                       it->second, link ? "symbolic link" : "hard link"));
+    }
+  }
+  const std::string why = foreign_output(path, kind);
+  if (why.empty()) return;
+  if (why.rfind("exists and is not a ", 0) == 0 && kind != OutputKind::Folder) {
+    refuse(option, path, why + "; tprun replaces only its own outputs: remove it or pick another path");
+  }
+  if (why.find("leads nowhere") != std::string::npos) {
+    refuse(option, path, why + "; tprun writes only a new file or one it wrote: remove it");
+  }
+  refuse(option, path, why);
+}
+
+std::string foreign_output(const std::string& path, OutputKind kind) {
   struct stat lst {};
   if (::lstat(path.c_str(), &lst) != 0) {
-    if (errno == ENOENT || errno == ENOTDIR) return;  // nothing there (a missing folder is check_output_file's)
-    refuse(option, path, fmt::format("cannot be inspected: {}", std::strerror(errno)));
+    if (errno == ENOENT || errno == ENOTDIR) return "";  // nothing there (a missing folder is check_output_file's)
+    return fmt::format("cannot be inspected: {}", std::strerror(errno));
   }
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    refuse(option, path, fmt::format("is a symbolic link that leads nowhere ({}); tprun writes only a new file or "
-                                     "one it wrote: remove it",
-                                     std::strerror(errno)));
+    return fmt::format("is a symbolic link that leads nowhere ({})", std::strerror(errno));
   }
-  if (auto it = read_ids.find(FileId{st.st_dev, st.st_ino}); it != read_ids.end()) {
-    refuse(option, path, fmt::format("is the same file as {} (a {}), which this run reads: pick another path",
-                                     it->second, S_ISLNK(lst.st_mode) ? "symbolic link" : "hard link"));
-  }
-  if (kind == OutputKind::Folder) {
-    if (!S_ISDIR(st.st_mode)) refuse(option, path, "exists and is not a folder");
-    return;
-  }
-  if (S_ISDIR(st.st_mode)) refuse(option, path, "is a folder, not a file name");
-  if (!S_ISREG(st.st_mode)) refuse(option, path, "exists and is not a regular file");
-  if (kind == OutputKind::Forced) return;
+  if (kind == OutputKind::Folder) return S_ISDIR(st.st_mode) ? "" : "exists and is not a folder";
+  if (S_ISDIR(st.st_mode)) return "is a folder, not a file name";
+  if (!S_ISREG(st.st_mode)) return "exists and is not a regular file";
+  if (kind == OutputKind::Forced) return "";
   const std::string why = kind == OutputKind::Png       ? png_not_ours(path)
                           : kind == OutputKind::Tensors ? tensors_not_ours(path)
                                                         : status_not_ours(path);
-  if (!why.empty()) {
-    refuse(option, path,
-           fmt::format("exists and is not a {} tprun wrote ({}); tprun replaces only its own outputs: remove it or "
-                       "pick another path",
-                       kind_name(kind), why));
-  }
+  return why.empty() ? "" : fmt::format("exists and is not a {} tprun wrote ({})", kind_name(kind), why);
 }
 
 std::vector<ReadPath> job_inputs(const Manifest& m) {

@@ -11,6 +11,7 @@
 // only with the `flock` mount option (`localflock`: this node only;
 // `noflock`: refused, and the run goes on unlocked with a warning).
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -107,6 +108,14 @@ struct ReadPath {
 void check_output_path(const std::string& path, const std::string& option, const std::vector<ReadPath>& reads,
                        OutputKind kind);
 
+// Why the thing at `path` is not something tprun wrote of `kind` ("" when it
+// is, and when nothing is there): "is a symbolic link that leads nowhere
+// (...)", "is a folder", "exists and is not a regular file", "exists and is
+// not a PNG tprun wrote (...)" (Forced: any regular file; Folder: any folder).
+// A symlink is judged by what it leads to: replacing the link itself loses
+// nothing. The rule check_output_path and place_output_file apply.
+std::string foreign_output(const std::string& path, OutputKind kind);
+
 // What a job reads: its manifest, the model folder and the requests file.
 std::vector<ReadPath> job_inputs(const Manifest& m);
 
@@ -124,5 +133,75 @@ void check_status_file(const std::string& status_file, const std::string& manife
 // command's inputs.
 void check_offload_folders(const memory::MemoryOptions& mo, const std::string& where,
                            const std::vector<ReadPath>& reads);
+
+// ---- inside an output folder: what tprun makes there ----------------------------
+// (output_folder_place.cpp)
+//
+// tprun never follows a symbolic link at a name it creates inside an output
+// folder (images/, store/, results.jsonl, shard-I-of-N/, embeddings/, the
+// temporaries): a write through it would land outside the folder. The folder
+// the user names (--out, output.dir) may itself be reached through symlinks.
+
+enum class EntryKind { Folder, File };
+
+// `dir`/`name` is absent or a real folder (Folder) / regular file (File), not
+// a symbolic link. ConfigError "<dir>/<name> is a symbolic link (to T); tprun
+// does not follow it inside an output folder (its files would land outside):
+// remove it, or choose another output folder"; likewise for the wrong kind.
+void check_output_entry(const std::filesystem::path& dir, const std::string& name, EntryKind kind);
+
+// Creates the folder `dir`/`name` if it is absent (mkdir(2), which never
+// follows a symlink) and checks it as check_output_entry does. Returns the
+// path. IoError naming it when it cannot be created.
+std::filesystem::path make_output_folder(const std::filesystem::path& dir, const std::string& name);
+
+// `rel` (a relative path inside `dir`, e.g. "images/sub/a.png"): every folder
+// along it below `dir` created as make_output_folder does (none a symlink).
+// Returns dir/rel's folder.
+std::filesystem::path make_output_folders(const std::filesystem::path& dir, const std::string& rel);
+
+// A fresh, empty temporary file next to `path` (".<name>.tmp-XXXXXX",
+// O_EXCL: never an existing file or a symlink), removed again by the
+// destructor unless placed. The names is_output_temp recognises.
+class OutputTemp {
+ public:
+  explicit OutputTemp(const std::string& path);
+  ~OutputTemp();
+  OutputTemp(const OutputTemp&) = delete;
+  OutputTemp& operator=(const OutputTemp&) = delete;
+  const std::string& path() const { return tmp_; }
+  // The temporary now holds the output: place_output_file(path(), target, kind).
+  void place(OutputKind kind);
+
+ private:
+  std::string target_, tmp_;
+  bool placed_ = false;
+};
+
+// Whether `name` is a temporary that tprun's writers make (".<name>.tmp-X",
+// ".<name>.tmp"): what resume removes from an output folder it holds.
+bool is_output_temp(const std::string& name);
+
+// Puts the finished temporary `tmp` (in the folder of `path`) at `path`,
+// never replacing a file tprun did not write, race-free:
+//  - nothing there: link(2) / RENAME_NOREPLACE, which fail if a file appears;
+//  - a file tprun wrote of `kind` (foreign_output): swapped in with
+//    RENAME_EXCHANGE and the displaced file checked again; if it is not one
+//    of tprun's after all (someone put it there since), it is swapped back;
+//  - anything else: ConfigError naming `path`: "exists and is not a PNG
+//    tprun wrote (...); tprun never replaces a file it did not write: move it
+//    away, or choose another output path".
+// `tmp` is gone afterwards in every case. IoError for a failed rename.
+void place_output_file(const std::string& tmp, const std::string& path, OutputKind kind);
+
+// Puts `tmp` at `path` only when nothing is there (RENAME_NOREPLACE, else
+// link(2)): a name that is taken is a ConfigError naming it ("tprun never
+// replaces a file it did not write"). `tmp` is gone afterwards in every case.
+void place_new_file(const std::string& tmp, const std::string& path);
+
+// write_png (pipelines/png_image.h) into an OutputTemp, then placed with
+// place_output_file(Png): `path` is a new file or a PNG tprun wrote.
+void write_png_output(const std::string& path, const uint8_t* rgb, int width, int height,
+                      const std::vector<std::pair<std::string, std::string>>& text);
 
 }  // namespace tprun::jobs

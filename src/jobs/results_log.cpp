@@ -7,12 +7,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <fmt/format.h>
 
+#include "jobs/output_folder.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
@@ -42,14 +41,73 @@ void fsync_dir(const std::string& dir) {
   }
 }
 
+// The log is never reached through a symlink (an append would land in the
+// link's target) and is a regular file (a FIFO would block the reader).
+int open_log(const std::string& dir, const std::string& path, int flags) {
+  check_output_entry(dir, "results.jsonl", EntryKind::File);
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT && !(flags & O_CREAT)) return -1;
+    check_output_entry(dir, "results.jsonl", EntryKind::File);  // made a symlink since: say so
+    throw_io_error("cannot open", path, err);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    check_output_entry(dir, "results.jsonl", EntryKind::File);
+    throw_io_error("cannot open", path, EINVAL);
+  }
+  // Blocking I/O from here on.
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw_io_error("cannot open", path, err);
+  }
+  return fd;
+}
+
+// The whole log ("" when there is none).
+std::string read_log(const std::string& dir, const std::string& path) {
+  const int fd = open_log(dir, path, O_RDONLY);
+  if (fd < 0) return "";
+  std::string all;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      throw_io_error("cannot read", path, err);
+    }
+    if (n == 0) break;
+    all.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return all;
+}
+
+bool exists_no_follow(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   const fs::path p(path);
-  const std::string tmp = (p.parent_path() / fmt::format(".{}.tmp-{}", p.filename().string(), ::getpid())).string();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_fail("cannot create", tmp);
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  // A fresh name (mkstemp: O_CREAT | O_EXCL), so a symlink planted at a
+  // predictable temporary name is never followed.
+  std::string tmp = (dir / fmt::format(".{}.tmp-XXXXXX", p.filename().string())).string();
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) throw_io_error(fmt::format("cannot create a temporary file in {} for", dir.string()), path, errno);
   try {
+    if (::fchmod(fd, 0644) != 0) io_fail("cannot set the mode of", tmp);
     write_all(fd, bytes, tmp);
     if (::fsync(fd) != 0) io_fail("cannot flush", tmp);
   } catch (...) {
@@ -59,10 +117,11 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   }
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
     ::unlink(tmp.c_str());
-    io_fail("cannot rename into", path);
+    throw_io_error("cannot rename into", path, err);
   }
-  fsync_dir(p.parent_path().empty() ? "." : p.parent_path().string());
+  fsync_dir(dir.string());
 }
 
 nlohmann::json ResultRecord::to_json() const {
@@ -198,15 +257,7 @@ ResultRecord parse_result_record(const std::string& line) {
 }
 
 ResultsLog::ResultsLog(std::string dir) : dir_(std::move(dir)), path_((fs::path(dir_) / "results.jsonl").string()) {
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) {
-    if (fs::exists(path_)) io_fail("cannot read", path_);
-    return;
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) io_fail("cannot read", path_);
-  const std::string all = ss.str();
+  const std::string all = read_log(dir_, path_);
   std::map<std::string, int64_t> done_on;  // id -> the line of its `done` record
   size_t start = 0;
   int64_t number = 0;
@@ -268,7 +319,7 @@ void ResultsLog::begin(const std::set<std::string>& rerun) {
   bool drop = false;
   for (const auto& id : line_ids_) drop = drop || rerun.count(id) != 0;
   for (const auto& id : rerun) records_.erase(id);
-  if (drop || !fs::exists(path_)) {
+  if (drop || !exists_no_follow(path_)) {
     // Records of ids that run again go (no id is recorded twice): rewritten whole.
     std::string kept;
     for (size_t i = 0; i < lines_.size(); ++i) {
@@ -280,8 +331,7 @@ void ResultsLog::begin(const std::set<std::string>& rerun) {
     needs_newline_ = false;
   } else if (torn_ > 0) {
     // Only the torn tail goes; the user's lines stay as they are, in place.
-    const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) io_fail("cannot open", path_);
+    const int fd = open_log(dir_, path_, O_WRONLY);
     if (::ftruncate(fd, intact_bytes_) != 0 || ::fdatasync(fd) != 0) {
       const int err = errno;
       ::close(fd);
@@ -289,8 +339,8 @@ void ResultsLog::begin(const std::set<std::string>& rerun) {
     }
     ::close(fd);
   }
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd_ < 0) io_fail("cannot open", path_);
+  fd_ = open_log(dir_, path_, O_WRONLY | O_APPEND);
+  if (fd_ < 0) throw_io_error("cannot open", path_, ENOENT);
 }
 
 void ResultsLog::append(const ResultRecord& r) {

@@ -15,7 +15,10 @@
 // that will run again, so no id is ever recorded `done` twice; otherwise it is
 // only appended to (a torn last line is cut off in place). A failed append
 // (disk full, ...) cuts the file back to its last complete line and raises
-// IoError naming the path and the errno text.
+// IoError naming the path and the errno text. The log is never reached
+// through a symlink (output_folder.h check_output_entry: a ConfigError naming
+// it) and must be a regular file; write_file_atomic's temporary gets a fresh
+// name (O_EXCL), never one a planted symlink could redirect.
 
 #include <cstdint>
 #include <map>

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "jobs/job_runner.h"
+#include "jobs/output_folder.h"
 #include "jobs/results_log.h"
 #include "runtime/error.h"
 
@@ -80,8 +81,12 @@ void StatusFile::write_locked(int code) {
                       : code == kExitSomeFailed  ? "finished_with_failures"
                                                  : "error";
   try {
-    write_file_atomic(path_,
+    // A new file or one holding a tprun status (checked before the run, and here again, race-free: a file put
+    // there since is never replaced; output_folder.h).
+    OutputTemp tmp(path_);
+    write_file_atomic(tmp.path(),
                       nlohmann::json{{"exit_code", code}, {"state", state}, {"manifest", manifest_}}.dump() + "\n");
+    tmp.place(OutputKind::Status);
   } catch (const Error& e) {
     spdlog::warn("--status-file: {}", e.what());
   }

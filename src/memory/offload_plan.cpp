@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -193,8 +194,9 @@ void check_writable_folder(const std::string& folder, const std::string& key) {
     if (full(ec.value())) throw_io_error(fmt::format("{}: cannot create the folder", key), folder, ec.value());
     throw ConfigError(fmt::format("{}: cannot create {}: {}", key, folder, ec.message()), true);
   }
-  const std::string probe = (fs::path(folder) / fmt::format(".tprun-write-probe-{}", ::getpid())).string();
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A fresh name (mkstemp: O_CREAT | O_EXCL), so a symlink planted at a predictable probe name is never followed.
+  std::string probe = (fs::path(folder) / ".tprun-write-probe-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
   if (fd < 0) {
     const int err = errno;
     if (full(err)) throw_io_error(fmt::format("{}: cannot write in the folder", key), folder, err);

@@ -2,7 +2,13 @@
 // Logging for every rank through spdlog (compiled library).
 //   console (stderr): rank 0 at the chosen level (default info), other ranks at
 //                     warning and up, so only rank 0 narrates;
-//   file:             every rank at debug (or finer) into <dir>/rank-NNNN.log.
+//   file:             every rank at debug (or finer) into <dir>/rank-NNNN.log,
+//                     appended to across runs. The folder is never a model
+//                     folder nor inside one (model_index.json at or above it;
+//                     config.json, a tokenizer file or weights in it),
+//                     and the file is opened without following a symlink and
+//                     must be new, empty or a log tprun wrote (its first line
+//                     one of tprun's): ConfigError naming --log-dir otherwise.
 // Every line carries "[r{rank}/{world}]". Level: --log-level, else the
 // SPDLOG_LEVEL environment variable, else info. The level is coloured only
 // when stderr is a terminal (and NO_COLOR is unset, TERM is not "dumb"):

@@ -18,6 +18,11 @@ Cases (one ctest entry each; `hostile_merge.py TPRUN MPIRUN CASE`):
                      a new --out is not created, an existing one keeps its files
   missing_array_chunk  shard-0-of-3 and shard-2-of-3 without shard-1-of-3: refused naming the missing
                      chunk; --partial merges them with a warning naming it
+  out_foreign_files  an existing --out holding a user's PNG at a merged image's place, or a user's
+                     results.jsonl next to a hand-made .tprun-merged: refused naming the file, nothing
+                     changed; a second merge into its own --out still replaces its files
+  out_nested_symlink a record path images/sub/x.png whose folder in --out is a symlink to a victim
+                     folder: refused naming it, nothing written there
   resume_duplicate_done  an id recorded `done` twice in results.jsonl: the resumed run is refused
                      naming file:line, the file as it was
   resume_foreign_path  a `done` record whose path leaves the output folder: refused naming file:line
@@ -283,6 +288,56 @@ def case_missing_array_chunk(work):
             f"--partial: merged with a warning naming shard-1-of-3 (exit {rc})" + ("" if rc == 0 else log[-1500:]))
 
 
+def case_out_foreign_files(work):
+    c = chunks(work)
+    out = os.path.join(work, "merged")
+    os.makedirs(os.path.join(out, "images"))
+    mine = os.path.join(out, "images", "p0.png")
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(mine)
+    before = read(mine)
+    rc, log = merge(out, c[0], c[1])
+    refused("a user's PNG at a merged image's place", rc, log, mine, "not a PNG tprun wrote", "move it away")
+    H.check(read(mine) == before and sorted(os.listdir(os.path.join(out, "images"))) == ["p0.png"]
+            and not os.path.exists(os.path.join(out, "results.jsonl")), "the user's PNG and --out unchanged")
+    os.remove(mine)
+    user_log = write(os.path.join(out, "results.jsonl"), "my own log\n")
+    write(os.path.join(out, ".tprun-merged"), "")
+    rc, log = merge(out, c[0], c[1])
+    refused("a user's results.jsonl next to an empty .tprun-merged", rc, log, "results.jsonl that merge-results did "
+            "not write")
+    H.check(read(user_log) == b"my own log\n", "the user's results.jsonl unchanged")
+    os.remove(user_log)
+    os.remove(os.path.join(out, ".tprun-merged"))
+    for attempt in ("first", "second"):
+        rc, log = merge(out, c[0], c[1])
+        H.check(rc == 0 and sorted(r["id"] for r in results(out)) == ["p0", "p1", "p2", "p3"],
+                f"the {attempt} merge into its own --out (exit {rc})" + ("" if rc == 0 else log[-1500:]))
+    # A chunk rerun since (a new p0.png, tprun's): the next merge replaces the merged copy.
+    os.remove(os.path.join(c[0], "images", "p0.png"))
+    manifest, _ = job(work)
+    run(manifest, "--shard", "0/2")
+    rc, log = merge(out, c[0], c[1])
+    H.check(rc == 0 and os.path.samefile(os.path.join(out, "images", "p0.png"), os.path.join(c[0], "images", "p0.png")),
+            f"a rerun chunk's new p0.png replaces the merged one (exit {rc})" + ("" if rc == 0 else log[-1500:]))
+
+
+def case_out_nested_symlink(work):
+    c = chunks(work)
+    sub = os.path.join(c[0], "images", "sub")
+    os.makedirs(sub)
+    os.rename(os.path.join(c[0], "images", "p0.png"), os.path.join(sub, "p0.png"))
+    set_path(c[0], "p0", "images/sub/p0.png")
+    victim = os.path.join(work, "victim")
+    os.makedirs(victim)
+    out = os.path.join(work, "merged")
+    os.makedirs(os.path.join(out, "images"))
+    link = os.path.join(out, "images", "sub")
+    os.symlink(victim, link)
+    rc, log = merge(out, c[0], c[1])
+    refused("images/sub in --out a symlink", rc, log, link, "symbolic link")
+    H.check(os.listdir(victim) == [], "nothing written into the symlink's target")
+
+
 # ---- resume ----------------------------------------------------------------------------------------
 
 def finished(work, n_requests=4):
@@ -356,6 +411,7 @@ def main():
         "path_escape": case_path_escape, "path_absolute": case_path_absolute, "path_symlink": case_path_symlink,
         "out_is_chunk": case_out_is_chunk, "chunk_running": case_chunk_running, "bad_image": case_bad_image,
         "atomic": case_atomic, "missing_array_chunk": case_missing_array_chunk,
+        "out_foreign_files": case_out_foreign_files, "out_nested_symlink": case_out_nested_symlink,
         "resume_duplicate_done": case_resume_duplicate_done, "resume_foreign_path": case_resume_foreign_path,
         "resume_bad_crc": case_resume_bad_crc, "last_line_without_newline": case_last_line_without_newline,
     }, "hostile-merge")

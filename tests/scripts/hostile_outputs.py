@@ -20,10 +20,20 @@ in the model folder, and no weight loaded.
   offload_folder_without_map
                           memory.offload_folder without a device map: a config error naming the key
                           (manifest and generate --memory)
+  run_foreign_png         run over out/images/<id>.png that tprun did not write (a user's PNG, a text file,
+                          a symlink to a user's PNG): refused before any weight loads, naming the file and
+                          "move it away", the file unchanged; a rerun over tprun's own PNGs still replaces them
+  run_symlinked_entries   images/, store/, embeddings/, results.jsonl and a --shard chunk folder inside the
+                          output folder as symlinks to a victim elsewhere: refused naming the path, nothing
+                          written through them
+  log_dir                 --log-dir into the model folder (or a component folder of it) is refused and makes
+                          nothing there; a rank-0000.log symlink or a user's file there is refused, the target
+                          unchanged; a rerun appends to tprun's own log
 """
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -32,7 +42,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tprun_harness import (  # noqa: E402
-    Harness, jsonl, prompt_rows, run_cases, tiny_flux, write, write_manifest)
+    Harness, jsonl, prompt_rows, read, run_cases, tiny_flux, write, write_manifest)
 
 H = None
 WEIGHTS = os.path.join("transformer", "diffusion_pytorch_model.safetensors")
@@ -278,8 +288,125 @@ def other_commands(work):
             model)
 
 
+def user_png(path, colour=(10, 20, 30)):
+    """A PNG written by someone else (PIL: no tprun Software chunk); returns `path`."""
+    from PIL import Image
+    Image.new("RGB", (8, 8), colour).save(path)
+    return path
+
+
+def run_foreign_png(work):
+    model = tiny_model(work)
+    req = requests(os.path.join(work, "r.jsonl"))
+    out = os.path.join(work, "out")
+    images = os.path.join(out, "images")
+    os.makedirs(images)
+    m = manifest(os.path.join(work, "job.toml"), model, req, out)
+    run = ["run", m, "--progress", "none"]
+    mine = user_png(os.path.join(images, "r0.png"))
+    refused("run over a user's PNG in images/", run, "", "", [mine], model,
+            want=f"request 'r0' would write {mine}, which exists and is not a PNG tprun wrote")
+    rc, log = H.run(run, np_=2, timeout=120)
+    H.check("move it away" in log, "the message says what to do (move it away / another --out)")
+    os.remove(mine)
+    notes = write(os.path.join(images, "r1.png"), "my notes\n")
+    refused("run over a text file named r1.png", run, "", "", [notes], model, want=f"would write {notes}")
+    os.remove(notes)
+    photo = user_png(os.path.join(work, "photo.png"))
+    os.symlink(photo, os.path.join(images, "r0.png"))
+    refused("run over a symlink to a user's PNG", run, "", "", [photo], model,
+            want=f"would write {os.path.join(images, 'r0.png')}")
+    H.check(os.path.islink(os.path.join(images, "r0.png")), "the symlink is left as it was")
+    os.remove(os.path.join(images, "r0.png"))
+    # tprun's own PNGs: a rerun replaces them (the log removed, so both requests run again).
+    rc, log = H.run(run, np_=2)
+    H.check(rc == 0, f"a run into images/ with nothing foreign: exit {rc}" + ("" if rc == 0 else log[-1500:]))
+    first = os.stat(os.path.join(images, "r0.png")).st_ino
+    os.remove(os.path.join(out, "results.jsonl"))
+    rc, log = H.run(run, np_=2)
+    H.check(rc == 0 and os.stat(os.path.join(images, "r0.png")).st_ino != first,
+            f"a rerun replaces tprun's own PNGs: exit {rc}" + ("" if rc == 0 else log[-1500:]))
+    H.check(not [f for f in os.listdir(images) if ".tmp" in f], "no temporary left in images/")
+
+
+def run_symlinked_entries(work):
+    model = tiny_model(work)
+    req = requests(os.path.join(work, "r.jsonl"), n=1)
+    victim = os.path.join(work, "victim")
+    os.makedirs(victim)
+    victim_log = write(os.path.join(work, "victim.jsonl"), "precious\n")
+    out = os.path.join(work, "out")
+    m = manifest(os.path.join(work, "job.toml"), model, req, out)
+    run = ["run", m, "--progress", "none"]
+    for name, target, extra in [("images", victim, []), ("results.jsonl", victim_log, []),
+                                ("store", victim, ["--set", 'output.formats=["png","hdf5"]']),
+                                ("embeddings", victim, [])]:
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        link = os.path.join(out, name)
+        os.symlink(target, link)
+        refused(f"run with {name} a symlink", run + extra, "", "", [victim_log], model,
+                want=f"{link} is a symbolic link")
+        H.check(os.listdir(victim) == [] and read(victim_log) == b"precious\n",
+                f"{name} a symlink: nothing written through it")
+    # A job-array chunk folder that is a symlink.
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    chunk = os.path.join(out, "shard-0-of-1")
+    os.symlink(victim, chunk)
+    refused("run --shard into a symlinked chunk folder", run + ["--shard", "0/1"], "", "", [], model,
+            want=f"{chunk} is a symbolic link")
+    H.check(os.listdir(victim) == [], "the chunk symlink: nothing written through it")
+
+
+def log_dir(work):
+    model = tiny_model(work)
+    req = requests(os.path.join(work, "r.jsonl"), n=1)
+    out = os.path.join(work, "out")
+    m = manifest(os.path.join(work, "job.toml"), model, req, out)
+
+    def run(logs, np_=2):
+        cmd = [H.mpirun, "--oversubscribe", "-np", str(np_), H.tprun, "run", m, "--progress", "none",
+               "--log-dir", logs]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        return p.returncode, p.stdout + p.stderr
+
+    for label, logs in [("the model folder", model), ("a component folder of the model",
+                                                      os.path.join(model, "transformer")),
+                        ("a new folder inside the model", os.path.join(model, "logs"))]:
+        before = tree_hashes(model)
+        rc, log = run(logs)
+        H.check(rc == 3 and f"--log-dir {logs}" in log and "model folder" in log,
+                f"--log-dir {label}: exit {rc} (want 3) naming it\n{log[-800:]}")
+        H.check(tree_hashes(model) == before and not os.path.exists(os.path.join(model, "logs")),
+                f"--log-dir {label}: nothing written into the model")
+    logs = os.path.join(work, "logs")
+    os.makedirs(logs)
+    victim = write(os.path.join(work, "victim.txt"), "precious\n")
+    rank0 = os.path.join(logs, "rank-0000.log")
+    os.symlink(victim, rank0)
+    rc, log = run(logs)
+    H.check(rc == 3 and f"{rank0} is a symbolic link" in log, f"a rank-0000.log symlink: exit {rc} (want 3)"
+            f" naming it\n{log[-800:]}")
+    H.check(read(victim) == b"precious\n", "the symlink's target unchanged")
+    os.remove(rank0)
+    write(rank0, "my own notes\n")
+    rc, log = run(logs)
+    H.check(rc == 3 and f"{rank0} exists and is not a log tprun wrote" in log,
+            f"a user's rank-0000.log: exit {rc} (want 3)\n{log[-800:]}")
+    H.check(read(rank0) == b"my own notes\n", "the user's file unchanged")
+    os.remove(rank0)
+    rc, log = run(logs)
+    H.check(rc == 0, f"a fresh log folder: exit {rc}" + ("" if rc == 0 else log[-1500:]))
+    first = read(rank0)
+    rc, log = run(logs)
+    H.check(rc == 0 and read(rank0).startswith(first) and len(read(rank0)) > len(first),
+            f"a rerun appends to tprun's own log: exit {rc}" + ("" if rc == 0 else log[-1500:]))
+
+
 CASES = {f.__name__: f for f in [out_onto_model, status_file_onto_inputs, out_existing_foreign, lock_symlink,
-                                 disk_path_relative_and_inside_model, offload_folder_without_map, other_commands]}
+                                 disk_path_relative_and_inside_model, offload_folder_without_map, other_commands,
+                                 run_foreign_png, run_symlinked_entries, log_dir]}
 
 if __name__ == "__main__":
     H = Harness(sys.argv[1], sys.argv[2])

@@ -188,5 +188,46 @@ TEST_F(OutputPaths, ManifestOffloadFoldersAreResolvedAndChecked) {
   EXPECT_EQ(m.memory.offload_folder, (dir_ / "job" / "spill").string());
 }
 
+// Issue 31: a file tprun did not write is never replaced at write time either
+// (place_output_file), no symlink inside an output folder is followed, and
+// temporaries never take a predictable name.
+TEST_F(OutputPaths, PlacementNeverReplacesAForeignFile) {
+  const std::vector<uint8_t> rgb(4 * 4 * 3, 7);
+  const std::string target = (dir_ / "a.png").string();
+  write_png_output(target, rgb.data(), 4, 4, {{"Software", "tprun 1"}});  // new
+  write_png_output(target, rgb.data(), 4, 4, {{"Software", "tprun 1"}, {"x", "2"}});  // over its own
+  pipelines::write_png((dir_ / "theirs.png").string(), rgb.data(), 4, 4, {{"Software", "GIMP"}});
+  const std::string before = [&] {
+    std::ifstream in(dir_ / "theirs.png", std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }();
+  std::string e;
+  try {
+    write_png_output((dir_ / "theirs.png").string(), rgb.data(), 4, 4, {{"Software", "tprun 1"}});
+  } catch (const ConfigError& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("theirs.png exists and is not a PNG tprun wrote"), std::string::npos) << e;
+  EXPECT_NE(e.find("move it away"), std::string::npos) << e;
+  std::ifstream in(dir_ / "theirs.png", std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), before);
+  for (const auto& f : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(f.path().filename().string().find(".tmp"), std::string::npos) << f.path();  // no temporary left
+  }
+  // A symlinked folder inside an output folder is refused, made or checked.
+  fs::create_directories(dir_ / "out");
+  fs::create_directory_symlink(dir_ / "model", dir_ / "out" / "images");
+  EXPECT_THROW(make_output_folder(dir_ / "out", "images"), ConfigError);
+  EXPECT_THROW(check_output_entry(dir_ / "out", "images", EntryKind::Folder), ConfigError);
+  EXPECT_NO_THROW(check_output_entry(dir_ / "out", "store", EntryKind::Folder));  // absent
+  EXPECT_EQ(make_output_folder(dir_ / "out", "store"), dir_ / "out" / "store");
+  EXPECT_TRUE(is_output_temp(".a.png.tmp-Ab12Cd"));
+  EXPECT_TRUE(is_output_temp("..a.png.tmp-Ab12Cd.tmp-XyZ789"));
+  EXPECT_TRUE(is_output_temp(".run-20261205T000000Z-1.h5.tmp"));
+  EXPECT_FALSE(is_output_temp(".notes.tmp.txt"));
+  EXPECT_FALSE(is_output_temp(kLockFileName));
+  EXPECT_FALSE(is_output_temp("a.png"));
+}
+
 }  // namespace
 }  // namespace tprun::jobs
