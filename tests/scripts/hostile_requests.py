@@ -57,9 +57,9 @@ def png_text(path):
     return dict(Image.open(path).text)
 
 
-def gen(model, *extra, out=None):
-    return ["generate", "--model", model, "--prompt", "a red boat", "--height", "32", "--width", "32",
-            "--max-sequence-length", "16", "--out", out or os.path.join(os.path.dirname(model), "g.png"), *extra]
+def gen(model, *extra, size=("32", "32")):
+    return ["generate", "--model", model, "--prompt", "a red boat", "--height", size[0], "--width", size[1],
+            "--max-sequence-length", "16", "--out", os.path.join(os.path.dirname(model), "g.png"), *extra]
 
 
 def case_max_sequence_length(work):
@@ -149,7 +149,7 @@ def case_numeric_bounds(work):
     H.expect_config_error("generate --true-cfg-scale 1e308", gen(f, "--true-cfg-scale", "1e308"),
                           "--true-cfg-scale: 1e+308 is outside [0, 1000]", absent=LOADED)
     H.expect_config_error("generate --height 9223372036854775792",
-                          gen(f, "--height", "9223372036854775792", "--width", "16"),
+                          gen(f, size=("9223372036854775792", "16")),
                           "--height: 9223372036854775792 is outside [1, 16384]", absent=LOADED)
     req = jsonl(os.path.join(work, "r.jsonl"), [{"id": "a", "prompt": "a red fox"}])
     m = write_manifest(os.path.join(work, "j.toml"), f, req, os.path.join(work, "out"), parallel={"tp": 1})
