@@ -3,6 +3,7 @@
 // validation.
 #include "jobs/manifest.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -66,14 +67,17 @@ void read_parallel_table(const TomlDoc& doc, const toml::table& table, Manifest&
 }
 
 // A --set value TOML cannot hold (1e400, 99999999999999999999) arrives as a
-// string: name it a number out of range, not "found a string".
+// string: name it a number out of range, not "found a string". A string in
+// the file, or one that reads as a number within range, keeps the type message.
 void refuse_unreadable_number(const TomlDoc& doc, const FieldReader& r, const std::string& f, const toml::node& v,
                               const pipelines::RequestBound& b) {
-  if (!v.is_string()) return;
+  if (!v.is_string() || !doc.overridden.count(r.key(f))) return;
   const std::string& text = v.as_string()->get();
   char* end = nullptr;
-  std::strtod(text.c_str(), &end);
-  if (text.empty() || end == text.c_str() || *end != '\0') return;  // not a number: the type message follows
+  errno = 0;
+  const double x = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == text.c_str() || *end != '\0') return;  // not a number
+  if (errno != ERANGE && x >= b.lo && x <= b.hi) return;
   doc.fail(r.key(f), v,
            fmt::format("{} is a number outside [{}, {}]{}", clip_text(text), b.lo, b.hi,
                        b.integer ? " (a whole number)" : ""));
