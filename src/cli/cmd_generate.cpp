@@ -19,6 +19,7 @@
 #include "jobs/output_folder.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/png_image.h"
+#include "pipelines/request_checks.h"
 #include "runtime/error.h"
 #include "runtime/out_of_memory.h"
 #include "dist/session.h"
@@ -38,11 +39,13 @@ void add_generation_options(po::options_description& desc) {
       ("width", po::value<int64_t>(), "image width, a multiple of 2 x the VAE scale factor")
       ("steps", po::value<int64_t>(), "denoising steps (FLUX.1-schnell: 1-4)")
       ("guidance", po::value<double>(),
-       "distilled guidance scale (models with guidance_embeds, FLUX.1-dev); ignored otherwise")
+       "guidance scale (FLUX.1-dev's distilled guidance, FLUX.2's; refused by pipelines without it: "
+       "QwenImagePipeline, FLUX.1-schnell)")
       ("true-cfg-scale", po::value<double>(),
        "true classifier-free guidance when > 1 and a negative prompt is given (two forwards per step)")
       ("seed", po::value<uint64_t>()->default_value(0), "seed of the initial noise (CPU generator, any device)")
-      ("max-sequence-length", po::value<int64_t>(), "text tokens of the (T5 / LLM) text encoder");
+      ("max-sequence-length", po::value<int64_t>(),
+       "text tokens of the (T5 / LLM) text encoder (at most 512; QwenImagePipeline 1024)");
   desc.add(g);
 }
 
@@ -101,11 +104,25 @@ void add_output_options(po::options_description& desc) {
   desc.add(io);
 }
 
+// ConfigError "--flag: what" for a request value (the request's key as its flag).
+[[noreturn]] void fail_flag(const std::string& key, const std::string& what) {
+  std::string flag = key;
+  for (char& c : flag) c = c == '_' ? '-' : c;
+  throw ConfigError(fmt::format("--{}: {}", flag, what), true);
+}
+
+// The pipeline's own limits and the options it uses, read from the folder's
+// configs before any weight (the bounds every request shares: checked_request).
+void check_pipeline_flags(const GenerationRequest& req, const std::string& model) {
+  pipelines::check_request_options(req, pipelines::request_options(model), fail_flag);
+}
+
 // The request from the flags and --inputs; ConfigError for a missing --model, output or prompt.
 GenerationRequest checked_request(const po::variables_map& vm) {
   if (!vm.count("model")) throw ConfigError("--model is required (a pipeline folder)", true);
   if (!vm.count("out") && !vm.count("out-tensors")) throw ConfigError("--out (or --out-tensors) is required", true);
   GenerationRequest req = request_from(vm);
+  pipelines::check_request_bounds(req, fail_flag);
   if (vm.count("inputs")) {
     req.given = std::make_shared<const models::TensorMap>(checkpoint::read_tensor_file(vm["inputs"].as<std::string>()));
   }
@@ -227,6 +244,7 @@ Command generate_command() {
     GenerationRequest req = checked_request(vm);
     auto mesh = make_generate_mesh(vm, session);
     check_outputs(vm, session);
+    check_pipeline_flags(req, vm["model"].as<std::string>());
     parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
     const pipelines::PipelineOptions opts = pipeline_options(vm, session, req);
     const std::string model = vm["model"].as<std::string>();

@@ -9,15 +9,19 @@
 
 #include "cli/command.h"
 #include "pipelines/pipeline.h"
+#include "pipelines/request_checks.h"
 #include "runtime/error.h"
 
 namespace tprun::cli {
 namespace {
 
 int run_tokenize(const std::string& model, const std::string& prompt, int64_t max_len, bool json) {
-  if (max_len < 1 || max_len > 512) {
-    throw ConfigError(fmt::format("--max-sequence-length must be in [1, 512], got {}", max_len), true);
-  }
+  // The bound every request shares, then the pipeline's own limit (from its configs).
+  pipelines::GenerationRequest r;
+  r.max_sequence_length = max_len;
+  pipelines::check_request_options(r, pipelines::request_options(model), [](const std::string&, const std::string& what) {
+    throw ConfigError(fmt::format("--max-sequence-length: {}", what), true);
+  });
   const auto all = pipelines::tokenize_prompt(model, prompt, max_len);
   if (json) {
     nlohmann::json out = nlohmann::json::object();
@@ -51,7 +55,8 @@ Command tokenize_command() {
                                             "FLUX.2: tokenizer/ with its chat template)")
         ("prompt", po::value<std::string>(), "the prompt")
         ("max-sequence-length", po::value<int64_t>()->default_value(512),
-         "text-encoder length (T5 for FLUX.1, the chat-templated prompt for FLUX.2; the pipelines' default 512)")
+         "text-encoder length (T5 for FLUX.1, the chat-templated prompt for FLUX.2 and Qwen-Image; default 512; "
+         "at most the pipeline's limit: 512, QwenImagePipeline 1024)")
         ("json", po::bool_switch(), "one JSON object {\"tokenizer\": [ids], ...}, a key per tokenizer component")
         ("log-level", po::value<std::string>()->default_value(""), "trace|debug|info|warn|error");
     desc.add(o);

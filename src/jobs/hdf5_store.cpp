@@ -150,13 +150,15 @@ Hdf5Store::Hdf5Store(const std::string& out_dir, bool images, bool latents, cons
         string_attribute(d.get(), "negative_prompt", g.negative_prompt.value_or(""), where);
         number_attribute<uint64_t>(d.get(), "seed", g.seed, H5T_NATIVE_UINT64, where);
         // The request with the pipeline's defaults applied: every field is set
-        // but guidance, which a pipeline without a default leaves out
-        // (QwenImagePipeline: only guidance-distilled transformers take it).
+        // but the options the pipeline does not use (pipelines::RequestOptions:
+        // guidance in QwenImagePipeline and FLUX.1-schnell, true_cfg_scale in FLUX.2).
         number_attribute<int64_t>(d.get(), "height", g.height.value(), H5T_NATIVE_INT64, where);
         number_attribute<int64_t>(d.get(), "width", g.width.value(), H5T_NATIVE_INT64, where);
         number_attribute<int64_t>(d.get(), "steps", g.steps.value(), H5T_NATIVE_INT64, where);
         if (g.guidance) number_attribute<double>(d.get(), "guidance", *g.guidance, H5T_NATIVE_DOUBLE, where);
-        number_attribute<double>(d.get(), "true_cfg_scale", g.true_cfg_scale.value(), H5T_NATIVE_DOUBLE, where);
+        if (g.true_cfg_scale) {  // a pipeline without it (FLUX.2) leaves it out too
+          number_attribute<double>(d.get(), "true_cfg_scale", *g.true_cfg_scale, H5T_NATIVE_DOUBLE, where);
+        }
       };
       if (images) {
         make("images/" + r.id, H5T_NATIVE_UINT8,

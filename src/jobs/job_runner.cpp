@@ -56,6 +56,7 @@ JobPlan read_plan(const RunOptions& o) {
   p.manifest = parse_manifest(o.manifest, o.overrides);
   check_requests_file(p.manifest.path, p.manifest.requests);
   check_paths(p.manifest);
+  check_defaults(p.manifest);  // against the pipeline's own limits, before any weight
   p.requests = read_requests(p.manifest.requests, p.manifest.defaults);
   if (o.shard_count > 0) {
     check_shard_count({o.shard_index, o.shard_count}, p.requests.size(), p.manifest.requests);

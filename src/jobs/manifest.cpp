@@ -3,6 +3,8 @@
 // validation.
 #include "jobs/manifest.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +15,7 @@
 #include "jobs/output_folder.h"
 #include "memory/memory_table.h"
 #include "memory/strict_toml.h"
+#include "pipelines/request_checks.h"
 #include "runtime/error.h"
 #include "runtime/size_string.h"
 
@@ -63,24 +66,51 @@ void read_parallel_table(const TomlDoc& doc, const toml::table& table, Manifest&
                }}});
 }
 
-// [defaults]
-void read_defaults_table(const TomlDoc& doc, const toml::table& table, pipelines::GenerationRequest& d) {
+// A --set value TOML cannot hold (1e400, 99999999999999999999) arrives as a
+// string: name it a number out of range, not "found a string". A string in
+// the file, or one that reads as a number within range, keeps the type message.
+void refuse_unreadable_number(const TomlDoc& doc, const FieldReader& r, const std::string& f, const toml::node& v,
+                              const pipelines::RequestBound& b) {
+  if (!v.is_string() || !doc.overridden.count(r.key(f))) return;
+  const std::string& text = v.as_string()->get();
+  char* end = nullptr;
+  errno = 0;
+  const double x = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == text.c_str() || *end != '\0') return;  // not a number
+  if (errno != ERANGE && x >= b.lo && x <= b.hi) return;
+  doc.fail(r.key(f), v,
+           fmt::format("{} is a number outside [{}, {}]{}", clip_text(text), b.lo, b.hi,
+                       b.integer ? " (a whole number)" : ""));
+}
+
+// [defaults]: each numeric key within the bound every request is held to
+// (pipelines::request_bound); where each was set is kept for the checks
+// against the pipeline (check_defaults).
+void read_defaults_table(const TomlDoc& doc, const toml::table& table, Manifest& m) {
+  pipelines::GenerationRequest& d = m.defaults;
+  auto integer = [&](const char* name, std::optional<int64_t>& out) -> FieldHandler {
+    return [&doc, &m, &out, name](const FieldReader& r, const std::string& f, const toml::node& v) {
+      const pipelines::RequestBound& b = pipelines::request_bound(name);
+      refuse_unreadable_number(doc, r, f, v, b);
+      out = r.integer(f, v, static_cast<int64_t>(b.lo), static_cast<int64_t>(b.hi));
+      m.defaults_where[name] = doc.where(r.key(f), v);
+    };
+  };
+  auto number = [&](const char* name, std::optional<double>& out) -> FieldHandler {
+    return [&doc, &m, &out, name](const FieldReader& r, const std::string& f, const toml::node& v) {
+      const pipelines::RequestBound& b = pipelines::request_bound(name);
+      refuse_unreadable_number(doc, r, f, v, b);
+      out = r.number(f, v, b.lo, b.hi);
+      m.defaults_where[name] = doc.where(r.key(f), v);
+    };
+  };
   walk_table(doc, table, "defaults.",
-             {{"height", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
-                 d.height = r.integer(f, v, 1, 16384);
-               }},
-              {"width", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
-                 d.width = r.integer(f, v, 1, 16384);
-               }},
-              {"steps", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
-                 d.steps = r.integer(f, v, 1, 10000);
-               }},
-              {"guidance", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
-                 d.guidance = r.number(f, v, 0, 1000);
-               }},
-              {"true_cfg_scale", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
-                 d.true_cfg_scale = r.number(f, v, 0, 1000);
-               }},
+             {{"height", integer("height", d.height)},
+              {"width", integer("width", d.width)},
+              {"steps", integer("steps", d.steps)},
+              {"guidance", number("guidance", d.guidance)},
+              {"true_cfg_scale", number("true_cfg_scale", d.true_cfg_scale)},
+              {"max_sequence_length", integer("max_sequence_length", d.max_sequence_length)},
               {"negative_prompt", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
                  const std::string text = r.str(f, v);
                  // Refused here, not by every request after the load (PNG text cannot carry a NUL).
@@ -88,9 +118,7 @@ void read_defaults_table(const TomlDoc& doc, const toml::table& table, pipelines
                    doc.fail(r.key(f), v, fmt::format("holds a NUL character (at byte {})", nul));
                  if (text.empty()) d.negative_prompt.reset();
                  else d.negative_prompt = text;
-               }},
-              {"max_sequence_length", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
-                 d.max_sequence_length = r.integer(f, v, 1, 512);
+                 m.defaults_where["negative_prompt"] = doc.where(r.key(f), v);
                }},
               {"seed", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
                  d.seed = static_cast<uint64_t>(r.integer(f, v, 0, INT64_MAX));
@@ -173,7 +201,7 @@ void read_manifest_root(const TomlDoc& doc, const toml::table& root, Manifest& m
          memory::read_memory_table(doc, table_at(doc, k, n), m.memory);
        }},
       {"defaults", [&](const FieldReader&, const std::string& k, const toml::node& n) {
-         read_defaults_table(doc, table_at(doc, k, n), m.defaults);
+         read_defaults_table(doc, table_at(doc, k, n), m);
        }},
       {"output", [&](const FieldReader&, const std::string& k, const toml::node& n) {
          read_output_table(doc, table_at(doc, k, n), m);
@@ -247,6 +275,16 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path, c
   return m;
 }
 
+void check_defaults(const Manifest& m, const pipelines::RequestOptions& options) {
+  pipelines::check_request_options(m.defaults, options, [&](const std::string& key, const std::string& what) {
+    auto it = m.defaults_where.find(key);
+    const std::string where = it != m.defaults_where.end() ? it->second : fmt::format("{}: defaults.{}", m.path, key);
+    throw ConfigError(fmt::format("{}: {} (model {})", where, what, m.model), true);
+  });
+}
+
+void check_defaults(const Manifest& m) { check_defaults(m, pipelines::request_options(m.model)); }
+
 void check_paths(const Manifest& m) {
   if (!fs::is_regular_file(fs::path(m.model) / "model_index.json")) {
     throw ConfigError(fmt::format("{}: model: {} is not a pipeline folder (no model_index.json)", m.path, m.model),
@@ -255,6 +293,7 @@ void check_paths(const Manifest& m) {
   if (!fs::is_regular_file(m.requests)) {
     throw ConfigError(fmt::format("{}: requests: {}: no such file", m.path, m.requests), true);
   }
+
   // The offload folders are written to: never inside the model folder, never an input.
   check_offload_folders(m.memory, m.path, job_inputs(m));
 }

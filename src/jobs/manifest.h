@@ -14,8 +14,9 @@
 //               vae_tiling, vae_tile_sample_size, vae_tile_overlap, attention_chunk
 //               (memory/memory_options.h; read by memory/memory_table.h)
 //   [defaults]  height, width, steps, guidance, true_cfg_scale, negative_prompt,
-//               max_sequence_length (each: the pipeline's default when unset; FluxPipeline:
-//               1024, 1024, 28, 3.5, 1.0, none, 512), seed = 0 (the base seed)
+//               max_sequence_length (each: the pipeline's default when unset; bounded as every
+//               request is, pipelines::request_bound, then by the pipeline's own limits and the
+//               options it uses in check_defaults), seed = 0 (the base seed)
 //   [output]    dir = "out", formats = ["png"] (png | hdf5 | latents: jobs/hdf5_store.h), batch_size = 1
 //               (same-shape requests denoised together, see job_runner.h)
 //   [schedule]  phases = "auto" (together | staged | auto: staged where together does not fit),
@@ -26,6 +27,7 @@
 // parsed document before validation; their errors name the override.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -33,6 +35,10 @@
 
 #include "memory/memory_options.h"
 #include "pipelines/generation_request.h"
+
+namespace tprun::pipelines {
+struct RequestOptions;
+}
 
 namespace tprun::jobs {
 
@@ -52,6 +58,9 @@ struct Manifest {
   // defaults); `seed` is the base seed a request without its own seed
   // derives from (derive_seed(seed, id)); negative_prompt "" = none.
   pipelines::GenerationRequest defaults;
+  // Where each [defaults] key was set ("<file>:<line>: defaults.steps" or
+  // "--set defaults.steps"), by key ("steps"), for check_defaults' messages.
+  std::map<std::string, std::string> defaults_where;
   std::string output_dir = "out";  // resolved against the manifest
   bool png = true, hdf5 = false, latents = false;
   int64_t batch_size = 1;
@@ -84,5 +93,14 @@ Manifest parse_manifest_text(const std::string& text, const std::string& path,
 // ConfigError naming the manifest key when the model folder (model_index.json)
 // or the requests file is missing.
 void check_paths(const Manifest& m);
+
+// ConfigError "<where>: <what> (model M)" for a [defaults] value the
+// pipeline refuses (pipelines::check_request_options): max_sequence_length
+// beyond its limit, fewer steps than its scheduler takes, an option it does
+// not use. Before any weight is loaded, so a bad default fails the job once.
+void check_defaults(const Manifest& m, const pipelines::RequestOptions& options);
+// The same with the options of the pipeline m.model names (read from its
+// configs, after check_paths).
+void check_defaults(const Manifest& m);
 
 }  // namespace tprun::jobs

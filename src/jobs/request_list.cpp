@@ -76,6 +76,15 @@ struct LineReader {
     }
     return x;
   }
+  // Within the bound every request is held to (pipelines::request_bound).
+  int64_t bounded_integer(const std::string& k, const nlohmann::json& v) const {
+    const pipelines::RequestBound& b = pipelines::request_bound(k);
+    return integer(k, v, static_cast<int64_t>(b.lo), static_cast<int64_t>(b.hi));
+  }
+  double bounded_number(const std::string& k, const nlohmann::json& v) const {
+    const pipelines::RequestBound& b = pipelines::request_bound(k);
+    return number(k, v, b.lo, b.hi);
+  }
   std::string string(const std::string& k, const nlohmann::json& v) const {
     if (!v.is_string()) fail(k, fmt::format("must be a string, found {}", clip_text(v.dump())));
     return v.get<std::string>();
@@ -134,17 +143,17 @@ void read_field(const LineReader& in, const std::string& k, const nlohmann::json
     seen.negative_prompt = true;  // "" = none, even where the manifest has a default
     if (!s.empty()) g.negative_prompt = s;
   } else if (k == "height") {
-    g.height = in.integer(k, v, 1, 16384);
+    g.height = in.bounded_integer(k, v);
   } else if (k == "width") {
-    g.width = in.integer(k, v, 1, 16384);
+    g.width = in.bounded_integer(k, v);
   } else if (k == "steps") {
-    g.steps = in.integer(k, v, 1, 10000);
+    g.steps = in.bounded_integer(k, v);
   } else if (k == "guidance") {
-    g.guidance = in.number(k, v, 0, 1000);
+    g.guidance = in.bounded_number(k, v);
   } else if (k == "true_cfg_scale") {
-    g.true_cfg_scale = in.number(k, v, 0, 1000);
+    g.true_cfg_scale = in.bounded_number(k, v);
   } else if (k == "max_sequence_length") {
-    g.max_sequence_length = in.integer(k, v, 1, 512);
+    g.max_sequence_length = in.bounded_integer(k, v);
   } else if (k == "seed") {
     g.seed = in.seed(k, v);
     r.seed_given = true;

@@ -7,7 +7,10 @@
 // must be unique; `prompt` is required; optional per-request overrides:
 // negative_prompt, height, width, steps, guidance, true_cfg_scale,
 // max_sequence_length, seed. Any other key is an error. Errors name
-// "<file>:<line>: <field>".
+// "<file>:<line>: <field>". Numbers are held to pipelines::request_bound (the
+// bounds `generate` and [defaults] share); the pipeline's own limits
+// (max_sequence_length, steps, the options it uses) are checked per request
+// by its check_request, before any request runs.
 //
 // Seeds: a request's seed is its own `seed` when given, else
 // derive_seed(base seed, id): never dependent on the order of the file, on dp
@@ -36,7 +39,7 @@ struct JobRequest {
 // readers holding numbers as doubles read it exactly.
 uint64_t derive_seed(uint64_t base_seed, const std::string& id);
 
-// The longest line read_requests accepts (bytes).
+// The longest line read_requests accepts (bytes): 1 MiB.
 constexpr size_t kMaxRequestLine = size_t{1} << 20;
 
 // The manifest's `requests` path names a readable regular file: ConfigError

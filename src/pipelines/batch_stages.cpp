@@ -70,6 +70,13 @@ at::Tensor denoise(const TransformerCall& transformer, const FlowMatchEulerDiscr
   return latents;
 }
 
+std::string non_finite_hint(const std::string& dtype_name) {
+  if (dtype_name == "fp16") return "fp16's range is narrow: try bf16 or fp32";
+  if (dtype_name == "bf16") return "bf16 rounds coarsely: try fp32";
+  // Not a precision limit: what went in was out of range.
+  return "fp32 is not the cause: check the model's weights, any given tensors (--inputs) and the scheduler config";
+}
+
 std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t height, int64_t width, int64_t steps,
                                            const std::string& dtype_name, const LatentDecoder& decode,
                                            StageTimes times) {
@@ -82,8 +89,8 @@ std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t he
     out.width = width;
     const at::Tensor lat = batch == 1 ? latents : latents.slice(0, b, b + 1).contiguous();
     if (!at::isfinite(lat).all().item<bool>()) {
-      out.error =
-          fmt::format("the latents hold NaN or Inf after {} steps (dtype {}); try fp32 or bf16", steps, dtype_name);
+      out.error = fmt::format("the latents hold NaN or Inf after {} steps (dtype {}); {}", steps, dtype_name,
+                              non_finite_hint(dtype_name));
       continue;
     }
     out.latents = std::make_shared<at::Tensor>(lat);

@@ -49,8 +49,12 @@ at::Tensor denoise(const TransformerCall& transformer, const FlowMatchEulerDiscr
 // in [-1, 1] (any float dtype).
 using LatentDecoder = std::function<at::Tensor(const at::Tensor& packed_latents)>;
 
-// Per image of the batch: latents with NaN/Inf get `error` (naming steps and
-// dtype), the others keep their latents and, when `decode` is set, their
+// What a NaN/Inf result says about a dtype: fp16 and bf16 suggest a wider
+// one; fp32 points at the inputs (weights, given tensors, scheduler config).
+std::string non_finite_hint(const std::string& dtype_name);
+
+// Per image of the batch: latents with NaN/Inf get `error` (naming steps,
+// dtype and non_finite_hint), the others keep their latents and, when `decode` is set, their
 // image as float [1, H, W, 3] in [0, 1] and round(255 x) bytes. Each image
 // is charged an equal share of the batch's stage times (decode included).
 std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t height, int64_t width, int64_t steps,

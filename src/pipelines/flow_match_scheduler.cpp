@@ -19,8 +19,18 @@ using nlohmann::json;
 
 constexpr const char* kClassName = "FlowMatchEulerDiscreteScheduler";
 
+// The scheduler config is part of the model folder: a bad value is a
+// CheckpointError naming the file and the key.
 [[noreturn]] void fail(const std::string& source, const std::string& field, const std::string& what) {
-  throw ConfigError(fmt::format("{}: {} {}", source, field, what));
+  throw CheckpointError(fmt::format("{}: {} {}", source, field, what), true);
+}
+
+// A finite number in [lo, hi]: the values the schedule's float32 arithmetic
+// takes without overflowing (real configs: shifts near 1, sequence lengths
+// of a few thousand).
+double bounded(const std::string& source, const char* field, double x, double lo, double hi) {
+  if (!(x >= lo && x <= hi)) fail(source, field, fmt::format("{} is outside [{}, {}]", x, lo, hi));
+  return x;
 }
 
 const json* field(const json& config, const char* name) {
@@ -58,7 +68,9 @@ int64_t read_int(const json& config, const std::string& source, const char* name
 }  // namespace
 
 FlowMatchSchedulerConfig FlowMatchSchedulerConfig::from_json(const json& config, const std::string& source) {
-  if (!config.is_object()) throw ConfigError(fmt::format("{}: the scheduler config must be a JSON object", source));
+  if (!config.is_object()) {
+    throw CheckpointError(fmt::format("{}: the scheduler config must be a JSON object", source), true);
+  }
   if (const json* cls = field(config, "_class_name"); cls != nullptr) {
     if (!cls->is_string() || cls->get<std::string>() != kClassName)
       fail(source, "_class_name", fmt::format("is {}; tprun implements only {}", cls->dump(), kClassName));
@@ -69,13 +81,16 @@ FlowMatchSchedulerConfig FlowMatchSchedulerConfig::from_json(const json& config,
     fail(source, "num_train_timesteps", fmt::format("must be at least 1, not {}", c.num_train_timesteps));
   c.shift = read_number(config, source, "shift", c.shift);
   if (c.shift <= 0.0) fail(source, "shift", fmt::format("must be positive, not {}", c.shift));
+  bounded(source, "shift", c.shift, 0.0, 1000.0);
   c.use_dynamic_shifting = read_bool(config, source, "use_dynamic_shifting", c.use_dynamic_shifting);
   // FluxPipeline feeds these to calculate_shift on every call, so null is no
   // more usable here than in diffusers (where it fails in the arithmetic).
-  c.base_shift = read_number(config, source, "base_shift", c.base_shift);
-  c.max_shift = read_number(config, source, "max_shift", c.max_shift);
+  c.base_shift = bounded(source, "base_shift", read_number(config, source, "base_shift", c.base_shift), -10.0, 10.0);
+  c.max_shift = bounded(source, "max_shift", read_number(config, source, "max_shift", c.max_shift), -10.0, 10.0);
   c.base_image_seq_len = read_int(config, source, "base_image_seq_len", c.base_image_seq_len);
   c.max_image_seq_len = read_int(config, source, "max_image_seq_len", c.max_image_seq_len);
+  bounded(source, "base_image_seq_len", static_cast<double>(c.base_image_seq_len), 0, 1 << 24);
+  bounded(source, "max_image_seq_len", static_cast<double>(c.max_image_seq_len), 0, 1 << 24);
   if (c.max_image_seq_len == c.base_image_seq_len)
     fail(source, "max_image_seq_len",
          fmt::format("{} equals base_image_seq_len; calculate_shift divides by their difference",
@@ -151,7 +166,21 @@ void FlowMatchEulerDiscreteScheduler::finish(std::vector<float> s, std::optional
     const float shift_m1 = static_cast<float>(config_.shift - 1.0);
     for (float& x : s) x = shift * x / (1.0f + shift_m1 * x);
   }
+  for (float x : s) {
+    if (!std::isfinite(x)) {
+      throw RequestError(fmt::format("the schedule of {} steps is not finite (shift mu {}): the scheduler config's "
+                                     "shifts do not fit this image size",
+                                     s.size(), mu ? fmt::format("{}", *mu) : std::string("unset")),
+                         true);
+    }
+  }
   if (config_.shift_terminal.has_value()) {
+    if (s.back() >= 1.0f) {
+      throw RequestError(fmt::format("steps: the scheduler's shift_terminal {} stretches the schedule by 1 - its "
+                                     "last sigma, which is 0 here ({} step(s)); use more steps",
+                                     *config_.shift_terminal, s.size()),
+                         true);
+    }
     const float scale = (1.0f - s.back()) / static_cast<float>(1.0 - *config_.shift_terminal);
     for (float& x : s) x = 1.0f - (1.0f - x) / scale;
   }

@@ -14,8 +14,13 @@
 // All of it in float32 arithmetic, as diffusers does it in numpy float32, so the
 // schedule matches diffusers' to the float32 ulp.
 //
-// Not implemented, and refused with a ConfigError naming the field when true:
+// Not implemented, and refused with a CheckpointError naming the field when true:
 // use_karras_sigmas, use_exponential_sigmas, use_beta_sigmas, stochastic_sampling.
+// Bounded at load (CheckpointError naming the file and key): shift in
+// (0, 1000], base_shift and max_shift in [-10, 10], the image sequence
+// lengths in [0, 2^24]. A schedule that still comes out non-finite, or a
+// shift_terminal stretch of a schedule whose last sigma is 1 (one step:
+// diffusers divides by zero there), is a RequestError.
 
 #include <cstdint>
 #include <optional>
@@ -43,7 +48,7 @@ struct FlowMatchSchedulerConfig {
   std::string time_shift_type = "exponential";  // "exponential" | "linear"
 
   // Missing fields take diffusers' defaults (above); unknown fields are
-  // ignored, as diffusers ignores them. ConfigError "<source>: <field> ..."
+  // ignored, as diffusers ignores them. CheckpointError "<source>: <field> ..."
   // for a wrong type or value, or a feature tprun does not implement.
   static FlowMatchSchedulerConfig from_json(const nlohmann::json& config, const std::string& source);
   // Reads <path> (e.g. <pipeline>/scheduler/scheduler_config.json).

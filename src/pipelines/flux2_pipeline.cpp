@@ -43,6 +43,7 @@ struct Flux2Pipeline::Impl : PipelineRuntime {
   int64_t vae_scale_factor = 8;
   int64_t in_channels = 128;
   int64_t joint_dim = 0;
+  RequestOptions request;  // what its requests may set (flux2_request_options)
 };
 
 namespace {
@@ -177,6 +178,7 @@ std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, co
 
   // Configs first: every cross-component check before any weight byte is read.
   Flux2Configs configs = read_flux2_configs(pf, options, *impl);
+  impl->request = request_options(pf);
   const std::vector<int64_t> layers = flux2_stacked_layers(impl->klein);
   if (options.text_encoders) read_text_encoder_config(pf, layers, configs, *impl);
   const bool shard_text = options.shard_text_encoders.value_or(true);
@@ -192,7 +194,7 @@ bool Flux2Pipeline::klein() const { return impl_->klein; }
 bool Flux2Pipeline::true_cfg(double guidance) const { return impl_->klein && !impl_->distilled && guidance > 1.0; }
 
 GenerationRequest Flux2Pipeline::with_defaults(GenerationRequest r) const {
-  r.fill_from(flux2_defaults(impl_->vae_scale_factor));
+  r.fill_from(impl_->request.drop_unused(flux2_defaults(impl_->vae_scale_factor)));
   return r;
 }
 
@@ -211,17 +213,10 @@ double Flux2Pipeline::cost(const GenerationRequest& request) const {
 void Flux2Pipeline::check_request(const GenerationRequest& request) const {
   const Impl& m = *impl_;
   const GenerationRequest r = with_defaults(request);
+  need_request_options(r, m.request);
   check_image_size(*r.height, *r.width, m.vae_scale_factor);
   check_steps_and_guidance(r);
   check_max_sequence_length(r, m.cls, 512);
-  if (*r.true_cfg_scale != 1.0) {
-    throw RequestError(fmt::format("true_cfg_scale is a FluxPipeline option; {} has none ({})", m.cls,
-                                   m.klein ? "klein's CFG scale is `guidance`" : "dev uses distilled guidance"),
-                       true);
-  }
-  if (!m.klein && r.negative_prompt) {
-    throw RequestError("Flux2Pipeline (dev) has no negative prompt: it is guidance-distilled", true);
-  }
   const bool embeds = r.has_given("prompt_embeds");
   if (!embeds && !m.text_encoder) {
     throw RequestError(fmt::format("{} was loaded without its text encoder: give prompt_embeds", m.folder), true);
@@ -420,6 +415,27 @@ const PipelineRuntime& Flux2Pipeline::runtime() const { return *impl_; }
 
 TPRUN_REGISTER_PIPELINE(Flux2Pipeline);
 TPRUN_REGISTER_PIPELINE_AS(Flux2Pipeline::kKleinClass, Flux2Pipeline);
+
+namespace {
+
+// What the FLUX.2 pipelines' requests may set: 512 text tokens; no
+// true_cfg_scale (klein's CFG scale is guidance, dev's guidance is distilled);
+// no negative prompt in dev.
+RequestOptions flux2_request_options(const checkpoint::PipelineFolder& pf) {
+  RequestOptions o;
+  o.max_sequence_length = 512;
+  const bool klein = pf.cls == Flux2Pipeline::kKleinClass;
+  o.unused.emplace_back("true_cfg_scale", klein ? "klein's CFG scale is `guidance`, with a negative prompt"
+                                                : "dev's guidance is distilled");
+  if (!klein) o.unused.emplace_back("negative_prompt", "dev is guidance-distilled: it runs no negative pass");
+  add_scheduler_request_options(pf, o);
+  return o;
+}
+
+}  // namespace
+
+TPRUN_REGISTER_REQUEST_OPTIONS(Flux2Pipeline::kClass, flux2_request_options);
+TPRUN_REGISTER_REQUEST_OPTIONS(Flux2Pipeline::kKleinClass, flux2_request_options);
 
 namespace {
 

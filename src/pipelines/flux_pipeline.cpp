@@ -45,6 +45,7 @@ struct FluxPipeline::Impl : PipelineRuntime {
   int64_t latent_channels = 16;
   double scaling_factor = 1.0, shift_factor = 0.0;
   int64_t clip_hidden = 0, t5_dim = 0;
+  RequestOptions request;  // what its requests may set (flux_request_options)
 };
 
 namespace {
@@ -154,6 +155,7 @@ std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, cons
   check_pipeline_components(pf);
   // Configs first: every cross-component check before any weight byte is read.
   FluxConfigs configs = read_flux_configs(pf, options, *impl);
+  impl->request = request_options(pf);
   if (options.text_encoders) read_text_encoder_configs(pf, configs, *impl);
   load_flux_components(pf, configs, options, *impl);
   auto p = std::make_unique<FluxPipeline>();
@@ -162,13 +164,13 @@ std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, cons
 }
 
 GenerationRequest FluxPipeline::with_defaults(GenerationRequest r) const {
-  r.fill_from(flux_defaults(impl_->vae_scale_factor));
+  r.fill_from(impl_->request.drop_unused(flux_defaults(impl_->vae_scale_factor)));
   return r;
 }
 
 std::string FluxPipeline::batch_key(const GenerationRequest& request) const {
   const GenerationRequest g = with_defaults(request);
-  return fmt::format("{}x{}/{}/{}/{}/{}/{}", *g.height, *g.width, *g.steps, *g.guidance, *g.true_cfg_scale,
+  return fmt::format("{}x{}/{}/{}/{}/{}/{}", *g.height, *g.width, *g.steps, g.guidance.value_or(0.0), *g.true_cfg_scale,
                      *g.max_sequence_length, do_true_cfg(g));
 }
 
@@ -181,6 +183,7 @@ double FluxPipeline::cost(const GenerationRequest& request) const {
 void FluxPipeline::check_request(const GenerationRequest& request) const {
   const Impl& m = *impl_;
   const GenerationRequest r = with_defaults(request);
+  need_request_options(r, m.request);
   check_image_size(*r.height, *r.width, m.vae_scale_factor);
   check_steps_and_guidance(r);
   if (!std::isfinite(*r.true_cfg_scale)) throw RequestError("true_cfg_scale must be a finite number", true);
@@ -433,6 +436,27 @@ int64_t FluxPipeline::transformer_all_reduces() const {
 const PipelineRuntime& FluxPipeline::runtime() const { return *impl_; }
 
 TPRUN_REGISTER_PIPELINE(FluxPipeline);
+
+namespace {
+
+// What FluxPipeline's requests may set: 512 T5 tokens; guidance only with a
+// guidance embedder (FLUX.1-dev; diffusers passes none to schnell's).
+RequestOptions flux_request_options(const checkpoint::PipelineFolder& pf) {
+  RequestOptions o;
+  o.max_sequence_length = 512;
+  std::string path;
+  const auto flux = models::FluxConfig::from_json(component_config(pf, "transformer", &path), path);
+  if (!flux.guidance) {
+    o.unused.emplace_back("guidance", fmt::format("{}: guidance_embeds is false (a FLUX.1-schnell-style transformer)",
+                                                  path));
+  }
+  add_scheduler_request_options(pf, o);
+  return o;
+}
+
+}  // namespace
+
+TPRUN_REGISTER_REQUEST_OPTIONS(FluxPipeline::kClass, flux_request_options);
 
 namespace {
 

@@ -7,6 +7,7 @@
 // (and its fuzz target) include it.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,31 @@ struct GenerationRequest {
     fill(max_sequence_length, defaults.max_sequence_length);
   }
 };
+
+// The bounds every numeric request value is held to, wherever it comes from
+// (`generate`'s flags, a manifest's [defaults], a requests file), before
+// any use: one table, so no value can overflow an image size, a float or a
+// step count further on. Each pipeline narrows some of them once it is known
+// (max_sequence_length to its text encoder's limit, steps to what its
+// scheduler can stretch: request_checks.h).
+struct RequestBound {
+  const char* key;  // "height", "width", "steps", "guidance", "true_cfg_scale", "max_sequence_length"
+  double lo, hi;
+  bool integer;
+};
+// The known keys; Error (internal) for any other.
+const RequestBound& request_bound(const std::string& key);
+// The widest max_sequence_length any pipeline takes is its own limit; this
+// outer bound only keeps the number sane before the pipeline is known.
+constexpr int64_t kMaxSequenceLengthBound = 1 << 16;
+
+// `fail(key, what)` (which throws) for the first set field of `r` outside
+// its bound, `what` as "9223372036854775792 is outside [1, 16384]".
+using RequestFail = std::function<void(const std::string& key, const std::string& what)>;
+void check_request_bounds(const GenerationRequest& r, const RequestFail& fail);
+// "x is outside [lo, hi]" for one value (integers as written).
+std::string outside_bound(const RequestBound& bound, double value);
+std::string outside_bound(const RequestBound& bound, int64_t value);
 
 // A request's parameters as PNG text chunks, in this order: Software, prompt,
 // negative_prompt (when set), seed, height, width, steps, guidance,

@@ -44,6 +44,7 @@ struct QwenImagePipeline::Impl : PipelineRuntime {
   int64_t in_channels = 64;
   int64_t joint_dim = 0;
   std::vector<double> latents_mean, latents_std;
+  RequestOptions request;  // what its requests may set (qwen_image_request_options)
 };
 
 namespace {
@@ -172,6 +173,7 @@ std::unique_ptr<QwenImagePipeline> QwenImagePipeline::load(const std::string& fo
   check_pipeline_components(pf);
   // Configs first: every cross-component check before any weight byte is read.
   QwenImageConfigs configs = read_qwen_image_configs(pf, *impl);
+  impl->request = request_options(pf);
   if (options.text_encoders) read_text_encoder_config(pf, configs, *impl);
   const bool shard_text = options.shard_text_encoders.value_or(true);
   validate_qwen_image_tp(configs, shard_text, options, tp);
@@ -190,7 +192,7 @@ bool QwenImagePipeline::true_cfg(const GenerationRequest& r) {
 }
 
 GenerationRequest QwenImagePipeline::with_defaults(GenerationRequest r) const {
-  r.fill_from(qwen_image_defaults(impl_->vae_scale_factor));
+  r.fill_from(impl_->request.drop_unused(qwen_image_defaults(impl_->vae_scale_factor)));
   return r;
 }
 
@@ -211,6 +213,7 @@ double QwenImagePipeline::cost(const GenerationRequest& request) const {
 void QwenImagePipeline::check_request(const GenerationRequest& request) const {
   const Impl& m = *impl_;
   const GenerationRequest r = with_defaults(request);
+  need_request_options(r, m.request);
   check_image_size(*r.height, *r.width, m.vae_scale_factor);
   check_steps_and_guidance(r);
   check_max_sequence_length(r, kClass, kQwenImageMaxSequenceLimit);
@@ -426,6 +429,23 @@ int64_t QwenImagePipeline::transformer_all_reduces() const {
 const PipelineRuntime& QwenImagePipeline::runtime() const { return *impl_; }
 
 TPRUN_REGISTER_PIPELINE(QwenImagePipeline);
+
+namespace {
+
+// What QwenImagePipeline's requests may set: 1024 text tokens; no guidance
+// (its CFG scale is true_cfg_scale); the steps its scheduler can stretch.
+RequestOptions qwen_image_request_options(const checkpoint::PipelineFolder& pf) {
+  RequestOptions o;
+  o.max_sequence_length = kQwenImageMaxSequenceLimit;
+  o.unused = {{"guidance", "diffusers' QwenImagePipeline has no guidance embedder; its CFG scale is true_cfg_scale, "
+                           "with a negative prompt"}};
+  add_scheduler_request_options(pf, o);
+  return o;
+}
+
+}  // namespace
+
+TPRUN_REGISTER_REQUEST_OPTIONS(QwenImagePipeline::kClass, qwen_image_request_options);
 
 namespace {
 

@@ -26,7 +26,7 @@
 //             token to |cond| / |comb|; Euler step. `guidance` is never
 //             passed: diffusers 0.40.0 reads guidance_embeds but builds no
 //             guidance embedder (its forward refuses the argument), so a
-//             request's guidance is ignored.
+//             request that sets guidance is refused (request_checks.h).
 //   decode    unpack to [1, C, 1, h, w], latents * std + mean (the VAE
 //             config's latents_std / latents_mean, computed as diffusers:
 //             latents / (1 / std) + mean), VAE decode of the one frame,

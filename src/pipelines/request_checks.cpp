@@ -1,13 +1,109 @@
 #include "pipelines/request_checks.h"
 
+#include <map>
+
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "checkpoint/pipeline_folder.h"
+#include "pipelines/flow_match_scheduler.h"
+#include "pipelines/pipeline_components.h"
 #include "text/tokenizer_common.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
+namespace {
+
+std::map<std::string, RequestOptionsReader>& readers() {
+  static std::map<std::string, RequestOptionsReader> r;
+  return r;
+}
+
+}  // namespace
+
+namespace detail {
+bool register_request_options(const char* cls, RequestOptionsReader reader) {
+  readers()[cls] = std::move(reader);
+  return true;
+}
+}  // namespace detail
+
+bool RequestOptions::uses(const std::string& option) const {
+  for (const auto& [name, why] : unused) {
+    if (name == option) return false;
+  }
+  return true;
+}
+
+GenerationRequest RequestOptions::drop_unused(GenerationRequest d) const {
+  if (!uses("guidance")) d.guidance.reset();
+  if (!uses("true_cfg_scale")) d.true_cfg_scale.reset();
+  if (!uses("negative_prompt")) d.negative_prompt.reset();
+  return d;
+}
+
+RequestOptions request_options(const std::string& folder) {
+  if (!checkpoint::is_pipeline_folder(folder)) {
+    throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
+  }
+  const auto pf = checkpoint::open_pipeline_folder(folder);
+  if (readers().count(pf.cls)) check_pipeline_components(pf);  // the load's order of checks
+  return request_options(pf);
+}
+
+RequestOptions request_options(const checkpoint::PipelineFolder& pf) {
+  auto it = readers().find(pf.cls);
+  if (it == readers().end()) {
+    std::vector<std::string> known;
+    for (const auto& [name, fn] : readers()) known.push_back(name);
+    throw ConfigError(fmt::format("{}/model_index.json: _class_name '{}' is not a pipeline tprun can run (known: {})",
+                                  pf.path, pf.cls, fmt::join(known, ", ")),
+                      true);
+  }
+  RequestOptions o = it->second(pf);
+  o.cls = pf.cls;
+  return o;
+}
+
+void add_scheduler_request_options(const checkpoint::PipelineFolder& pf, RequestOptions& o) {
+  const auto* scheduler = pf.find("scheduler");
+  if (!scheduler) return;  // the load names the missing component
+  const std::string path = scheduler->path + "/scheduler_config.json";
+  const FlowMatchSchedulerConfig c = FlowMatchSchedulerConfig::from_file(path);
+  if (c.shift_terminal) {
+    o.min_steps = 2;
+    o.min_steps_reason = fmt::format("{}: shift_terminal {} stretches the schedule by 1 - its last sigma, which is 0 "
+                                     "for a single step",
+                                     path, *c.shift_terminal);
+  }
+}
+
+void check_request_options(const GenerationRequest& r, const RequestOptions& o, const RequestFail& fail) {
+  check_request_bounds(r, fail);
+  if (r.max_sequence_length && *r.max_sequence_length > o.max_sequence_length) {
+    fail("max_sequence_length", fmt::format("{} is beyond {}'s limit of {} text tokens", *r.max_sequence_length,
+                                            o.cls, o.max_sequence_length));
+  }
+  if (r.steps && *r.steps < o.min_steps) {
+    fail("steps", fmt::format("{} is fewer than {} takes ({} at least: {})", *r.steps, o.cls, o.min_steps,
+                              o.min_steps_reason));
+  }
+  const bool set[] = {r.guidance.has_value(), r.true_cfg_scale.has_value(), r.negative_prompt.has_value()};
+  const char* names[] = {"guidance", "true_cfg_scale", "negative_prompt"};
+  for (size_t i = 0; i < 3; ++i) {
+    if (!set[i]) continue;
+    for (const auto& [name, why] : o.unused) {
+      if (name == names[i]) fail(name, fmt::format("{} does not use it ({}); remove it", o.cls, why));
+    }
+  }
+}
+
+void need_request_options(const GenerationRequest& r, const RequestOptions& o) {
+  check_request_options(r, o, [](const std::string& key, const std::string& what) {
+    throw RequestError(fmt::format("{}: {}", key, what), true);
+  });
+}
 
 void need_given_shape(const GenerationRequest& r, const std::string& name, const std::vector<int64_t>& shape,
                       const std::string& meaning) {

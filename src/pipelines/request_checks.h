@@ -1,13 +1,66 @@
 #pragma once
-// Request checks the pipelines share.
+// Request checks the pipelines share, and what each pipeline class takes
+// (RequestOptions): read from a folder's configs without a weight byte, so
+// a manifest's [defaults] and `tprun tokenize` are checked before any load,
+// and each request against the very same rules by the pipeline's
+// check_request. A family registers its reader in its pipeline's .cpp:
+//
+//   TPRUN_REGISTER_REQUEST_OPTIONS("QwenImagePipeline", qwen_image_request_options);
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipelines/generation_request.h"
 
+namespace tprun::checkpoint {
+struct PipelineFolder;
+}
+
 namespace tprun::pipelines {
+
+// What one pipeline class (with its folder's configs) does with a request's options.
+struct RequestOptions {
+  std::string cls;                      // model_index.json's _class_name
+  int64_t max_sequence_length = 512;    // its text encoder's limit
+  int64_t min_steps = 1;                // fewer steps than its scheduler can take
+  std::string min_steps_reason;         // why, where min_steps > 1 (naming the config file and key)
+  // Options it never applies, each with why: a request or [defaults] that
+  // sets one is refused (never rendered without it and recorded with it).
+  std::vector<std::pair<std::string, std::string>> unused;
+
+  bool uses(const std::string& option) const;
+  // `defaults` without the options this pipeline does not use (so with_defaults never fills one).
+  GenerationRequest drop_unused(GenerationRequest defaults) const;
+};
+
+using RequestOptionsReader = std::function<RequestOptions(const checkpoint::PipelineFolder& folder)>;
+
+// The RequestOptions of the pipeline `folder`'s model_index.json names.
+// ConfigError naming the folder for one that is not a pipeline folder or a
+// class without registered options; CheckpointError for bad configs.
+RequestOptions request_options(const std::string& folder);
+// The same for an opened folder (the pipelines' loads).
+RequestOptions request_options(const checkpoint::PipelineFolder& folder);
+// min_steps from the folder's scheduler/scheduler_config.json: a
+// shift_terminal stretch divides by 1 - the last sigma, which is 0 for one
+// step (diffusers divides by zero there too), so it takes 2 at least.
+void add_scheduler_request_options(const checkpoint::PipelineFolder& folder, RequestOptions& options);
+
+// `fail(key, what)` (which throws) for the first field of `r` this pipeline
+// refuses: max_sequence_length beyond its limit, fewer steps than its
+// scheduler can take, an option it does not use. The bounds every pipeline
+// shares (check_request_bounds) first. `r` as given or with defaults
+// applied (with_defaults never fills an unused option).
+void check_request_options(const GenerationRequest& r, const RequestOptions& options, const RequestFail& fail);
+// The same throwing RequestError "<key>: <what>" (the pipelines' check_request).
+void need_request_options(const GenerationRequest& r, const RequestOptions& options);
+
+namespace detail {
+bool register_request_options(const char* cls, RequestOptionsReader reader);
+}
 
 // RequestError "given tensor 'x' has shape [..]; expected [..] (meaning)"
 // unless the request's given tensor `name` (when given) has `shape`; -1 in
@@ -22,3 +75,10 @@ void need_given_shape(const GenerationRequest& request, const std::string& name,
 void need_text_prompts(const GenerationRequest& request);
 
 }  // namespace tprun::pipelines
+
+// In the pipeline's own .cpp: TPRUN_REGISTER_REQUEST_OPTIONS("FluxPipeline", fn);
+#define TPRUN_REQUEST_OPTIONS_CONCAT_(a, b) a##b
+#define TPRUN_REQUEST_OPTIONS_CONCAT(a, b) TPRUN_REQUEST_OPTIONS_CONCAT_(a, b)
+#define TPRUN_REGISTER_REQUEST_OPTIONS(name, fn)                                                                  \
+  static const bool TPRUN_REQUEST_OPTIONS_CONCAT(tprun_request_options_registered_, __LINE__) [[maybe_unused]] = \
+      ::tprun::pipelines::detail::register_request_options(name, fn)

@@ -14,7 +14,7 @@
 #   memory_toml_syntax   --memory with a TOML syntax error: the parse error and its column, not
 #                        "is not a strategy"
 #   int64_message        INT64_MAX in a number field of a manifest or request is printed as written (not
-#                        through a double); a height of INT64_MAX is not told to "try -9223372036854775808"
+#                        through a double); a height of INT64_MAX is refused by the request bounds (exit 3)
 #   png_folder           a folder where a done request's PNG belongs: named as a folder, not
 #                        "shorter than a PNG signature"
 # (header_200k, the quadratic safetensors header parse, is a unit test: tests/unit/test_limits.cpp.)
@@ -191,10 +191,11 @@ int64_message)
   tprun_run 120 job.toml
   expect_exit 3 "req.jsonl:1: guidance: $max is outside"
   through_double && fail "a request's guidance printed through a double"
-  # A side of INT64_MAX: the suggested multiple of 16 must not wrap to -9223372036854775808.
+  # A side of INT64_MAX: refused by the bound every request shares (issue 31), printed as written,
+  # never a suggestion that wraps to -9223372036854775808.
   run 120 "$mpirun" -np 1 "$tprun" generate --model "$work/model" --prompt x --height $max --width 32 --steps 1 \
     --out "$work/x.png"
-  expect_exit 6 "height $max is not a multiple of 16" "try 9223372036854775792"
+  expect_exit 3 "--height: $max is outside [1, 16384]"
   grep -aq -- '-9223372036854775808' out && fail "the suggestion wrapped around"
   ;;
 png_folder)

@@ -22,6 +22,9 @@ Cases (one ctest entry each; `qwen_image_pipeline_parity.py TPRUN MPIRUN CASE`):
   errors    refused on every rank before any weight byte, no hang: a tokenizer without the
             template's <|im_start|>, a transformer whose joint_attention_dim is not the encoder's
             hidden size, max_sequence_length 1025.
+  long_prompt  a prompt of about 800 tokens at max_sequence_length 600 (past FLUX.1's 512): tokenize,
+            generate (against diffusers, tp 1) and a `run` request with [defaults] max_sequence_length
+            1024 (the same image as generate's).
 """
 import json
 import os
@@ -50,7 +53,7 @@ H = None  # tprun_harness.Harness, set in main()
 ROOT = os.environ.get("TPRUN_SRC", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
-def diffusers_run(folder, prompt, negative=None, seed=1, steps=3, height=64, width=64):
+def diffusers_run(folder, prompt, negative=None, seed=1, steps=3, height=64, width=64, max_sequence_length=512):
     from diffusers import QwenImagePipeline
     pipe = QwenImagePipeline.from_pretrained(folder, dtype=torch.float32)
     last = {}
@@ -60,6 +63,7 @@ def diffusers_run(folder, prompt, negative=None, seed=1, steps=3, height=64, wid
         return kw
 
     kwargs = dict(height=height, width=width, num_inference_steps=steps, output_type="np",
+                  max_sequence_length=max_sequence_length,
                   callback_on_step_end=grab, generator=torch.Generator("cpu").manual_seed(seed))
     if negative is not None:
         kwargs.update(negative_prompt=negative, true_cfg_scale=4.0)
@@ -67,11 +71,12 @@ def diffusers_run(folder, prompt, negative=None, seed=1, steps=3, height=64, wid
     return last["latents"], torch.from_numpy(np.asarray(image))
 
 
-def tprun_generate(work, folder, tp, tag, prompt=PROMPT, negative=None, seed=1, steps=3, height=64, width=64):
+def tprun_generate(work, folder, tp, tag, prompt=PROMPT, negative=None, seed=1, steps=3, height=64, width=64,
+                   extra=()):
     out = os.path.join(work, f"{tag}.safetensors")
     png = os.path.join(work, f"{tag}.png")
     args = ["generate", "--model", folder, "--prompt", prompt, "--height", str(height), "--width", str(width),
-            "--steps", str(steps), "--seed", str(seed), "--out", png, "--out-tensors", out]
+            "--steps", str(steps), "--seed", str(seed), "--out", png, "--out-tensors", out, *extra]
     if negative is not None:
         args += ["--negative-prompt", negative, "--true-cfg-scale", "4"]
     rc, log = H.run(args, np_=tp)
@@ -208,8 +213,9 @@ def case_job(work):
 
 def expect_refusal(label, folder, want, extra=(), np_=2):
     png = os.path.join(os.path.dirname(folder), "refused.png")
+    # Two steps: the scheduler's shift_terminal refuses one.
     rc, log = H.run(["generate", "--model", folder, "--prompt", PROMPT, "--height", "64", "--width", "64",
-                     "--steps", "1", "--out", png, *extra], np_=np_, timeout=120)
+                     "--steps", "2", "--out", png, *extra], np_=np_, timeout=120)
     H.check(rc != 0 and want in log, f"{label}: refused (exit {rc}) naming '{want}'" +
             ("" if rc != 0 and want in log else f": {log[-800:]}"))
 
@@ -232,14 +238,48 @@ def case_errors(work):
     tcfg["joint_attention_dim"] = tcfg["joint_attention_dim"] * 2
     json.dump(tcfg, open(tcfg_path, "w"))
     expect_refusal("joint_attention_dim != the encoder's hidden size", bad2, "joint_attention_dim")
-    expect_refusal("max_sequence_length 1025", d, "max_sequence_length", ["--max-sequence-length", "1025"])
+    expect_refusal("max_sequence_length 1025", d, "--max-sequence-length: 1025 is beyond QwenImagePipeline's limit of 1024",
+                   ["--max-sequence-length", "1025"])
+
+
+def case_long_prompt(work):
+    """A prompt of about 800 text tokens at max_sequence_length 600 (past FLUX.1's 512, within Qwen-Image's
+    1024): tokenize, generate and a `run` request all take it, and the image is diffusers'."""
+    d = H.init_model(work, "qwen-image")
+    prompt = " ".join([PROMPT] * 120)
+    r = subprocess.run([H.tprun, "tokenize", "--model", d, "--prompt", prompt, "--max-sequence-length", "600"],
+                       capture_output=True, text=True)
+    H.check(r.returncode == 0 and "600 used" in r.stdout,
+            f"tokenize --max-sequence-length 600: exit {r.returncode}, 600 tokens reach the transformer"
+            + ("" if r.returncode == 0 else f": {r.stderr[-600:]}"))
+    ref_latents, ref_image = diffusers_run(d, prompt, max_sequence_length=600)
+    got, png = tprun_generate(work, d, 1, "long", prompt=prompt, extra=["--max-sequence-length", "600"])
+    if H.check(got is not None, "generate --max-sequence-length 600 ran" + ("" if got else f": {png}")):
+        compare("max_sequence_length 600, tp 1", got, png, ref_latents, ref_image)
+    requests = os.path.join(work, "long.jsonl")
+    with open(requests, "w") as f:
+        f.write(json.dumps({"id": "long", "prompt": prompt, "seed": 1, "steps": 3, "height": 64, "width": 64,
+                            "max_sequence_length": 600}) + "\n")
+    manifest = os.path.join(work, "long.toml")
+    out = os.path.join(work, "out")
+    with open(manifest, "w") as f:
+        f.write(f'model = "{d}"\nrequests = "{requests}"\n[defaults]\nmax_sequence_length = 1024\n'
+                f'[output]\ndir = "{out}"\n')
+    rc, log = H.run(["run", manifest], np_=1, timeout=300)
+    job_png = os.path.join(out, "images", "long.png")
+    ok = rc == 0 and os.path.exists(job_png) and png and os.path.exists(png)
+    same = ok and np.array_equal(np.asarray(Image.open(job_png).convert("RGB")),
+                                 np.asarray(Image.open(png).convert("RGB")))
+    H.check(bool(same), f"a run request with max_sequence_length 600 ([defaults] 1024): exit {rc}, the image "
+            "generate gives" + ("" if rc == 0 else f": {log[-800:]}"))
 
 
 def main():
     global H
     H = Harness(sys.argv[1], sys.argv[2])
     return run_cases(H, {"folders": case_folders, "generate": case_generate, "batch": case_batch,
-                         "errors": case_errors, "job": case_job}, "tprun-qwen-image-pipeline")
+                         "errors": case_errors, "job": case_job, "long_prompt": case_long_prompt},
+                     "tprun-qwen-image-pipeline")
 
 
 if __name__ == "__main__":
