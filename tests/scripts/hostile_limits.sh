@@ -225,11 +225,12 @@ png_folder)
   ;;
 plan_world)
   model
-  for w in 2147483647 65537 0 -1 4294967297 99999999999999999999 12x; do
+  for w in 2147483647 65537 0 -1 4294967297 99999999999999999999; do
     run 20 "$tprun" plan --model "$work/model" --world "$w"
-    expect_exit 3 "--world"
+    expect_exit 3 "--world" "outside [1, 65536]"
   done
-  grep -aq "outside \[1, 65536\]" out || fail "the bound is not named"
+  run 20 "$tprun" plan --model "$work/model" --world 12x
+  expect_exit 3 "--world '12x' is not an integer"
   # The same world from a launcher's variables (no mpirun: plan reads them as it starts).
   for vars in "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2147483647" "RANK=0 WORLD_SIZE=2147483647" \
               "SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2147483647" \
@@ -265,14 +266,15 @@ plan_overflow)
   run 20 "$tprun" plan --model "$work/model" --batch 1025
   expect_exit 3 "--batch 1025 is outside [1, 1024]"
   # The largest image is planned as asked (not 1024x1024), its estimate in the GiB, not "0 B".
-  run 60 "$tprun" plan --model "$work/model" --height 16384 --width 16384 --batch 1024 --json
+  timeout 60 "$tprun" plan --model "$work/model" --height 16384 --width 16384 --batch 1024 --json </dev/null \
+    >json.out 2>"$work/out"; rc=$?
   crashed && fail "16384x16384: crashed"
   [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ] || fail "16384x16384: exit $rc"
   python3 -c "
 import json, sys
 p = json.load(open(sys.argv[1]))
 assert (p['request']['height'], p['request']['width'], p['request']['batch']) == (16384, 16384, 1024), p['request']
-assert all(c['activations'] > 1 << 40 for c in p['candidates']), [c['activations'] for c in p['candidates']]" out ||
+assert all(c['activations'] > 1 << 40 for c in p['candidates']), [c['activations'] for c in p['candidates']]" json.out ||
     fail "16384x16384 batch 1024 not planned as asked"
   # --json: a JSON error object on stdout for a flag error (exit 3) and an unknown flag (exit 2).
   for args in "--height 4000000000 3" "--world 0 3" "--wrold 2 2" "--dtype fp64 3"; do
