@@ -77,8 +77,8 @@ int run_cli(int argc, char** argv) {
   po::positional_options_description positional;
   command->add_options(desc, positional);
   po::variables_map vm;
+  const std::vector<std::string> args(argv + 2, argv + argc);
   try {
-    std::vector<std::string> args(argv + 2, argv + argc);
     po::store(po::command_line_parser(args).options(desc).positional(positional).run(), vm);
     if (vm.count("help")) {
       if (is_printing_rank()) {
@@ -91,8 +91,10 @@ int run_cli(int argc, char** argv) {
     }
     po::notify(vm);
   } catch (const po::error& e) {
-    return usage_error(fmt::format("{}: {}; see 'tprun {} --help'", command->name, e.what(),
-                                   command->name));
+    const std::string message =
+        fmt::format("{}: {}; see 'tprun {} --help'", command->name, e.what(), command->name);
+    if (command->on_option_error && is_printing_rank()) command->on_option_error(args, message);
+    return usage_error(message);
   }
   return run_guarded([&] { return command->run(vm, &argc, &argv); });
 }

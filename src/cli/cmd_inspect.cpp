@@ -1,4 +1,5 @@
 // `tprun inspect PATH`: what a checkpoint holds and what each TP rank would read.
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <set>
@@ -15,6 +16,7 @@
 #include "models/weight_bytes.h"
 #include "pipelines/pipeline_layout.h"
 #include "runtime/error.h"
+#include "runtime/rank_env.h"
 #include "runtime/size_string.h"
 
 namespace tprun::cli {
@@ -88,14 +90,26 @@ void check_required_tensors(const models::ModelTable& table, const std::set<std:
   }
 }
 
+// A component nothing of which is split (no table: every tensor read whole;
+// or every tensor replicated): each rank reads the same bytes.
+bool splits_nothing(const models::ModelTable* table) {
+  if (!table) return true;
+  for (const auto& spec : table->tensors) {
+    if (spec.style != checkpoint::ShardStyle::Replicated) return false;
+  }
+  return true;
+}
+
 // What each of `tp` ranks would read (with `loads_only`, only what the load
 // reads: the table's tensors it does not mark optional); {"valid": false,
 // "error"} when the model cannot run at that TP size.
+
 nlohmann::json tp_shares(const std::vector<StoredRow>& rows, const models::ModelTable* table, int tp,
                          const std::string& path, bool loads_only) {
   nlohmann::json j;
   j["size"] = tp;
   try {
+    // Validated before any per-rank list is built.
     if (table) models::validate_tp_size(*table, tp, path);
     models::RowFilter loaded;
     if (loads_only && table) {
@@ -105,7 +119,13 @@ nlohmann::json tp_shares(const std::vector<StoredRow>& rows, const models::Model
       };
     }
     j["valid"] = true;
-    j["bytes_per_rank"] = models::bytes_per_rank(rows, table, tp, loaded);
+    if (splits_nothing(table)) {
+      // One rank's bytes, the same for every rank (not rows x tp slices planned).
+      const uint64_t whole = models::bytes_per_rank(rows, table, 1, loaded).at(0);
+      j["bytes_per_rank"] = std::vector<uint64_t>(static_cast<size_t>(tp), whole);
+    } else {
+      j["bytes_per_rank"] = models::bytes_per_rank(rows, table, tp, loaded);
+    }
   } catch (const Error& err) {
     j["valid"] = false;
     j["error"] = err.what();
@@ -113,12 +133,29 @@ nlohmann::json tp_shares(const std::vector<StoredRow>& rows, const models::Model
   return j;
 }
 
-// Inspects one component; returns its JSON description. Throws on an invalid
-// checkpoint. `load_options`: the options a pipeline loads it with (its
-// table then marks what that load never reads as not loaded); null for a
-// component on its own.
-nlohmann::json inspect_component(const std::string& name, const std::string& path, const std::string& variant,
-                                 int tp, const models::ModelOptions* load_options) {
+// One component inspected: its JSON description (without "tp"), and what
+// the TP shares are computed from.
+struct InspectedComponent {
+  nlohmann::json json;
+  models::ComponentListing listing;
+  std::optional<models::ModelTable> table;
+  bool loads_only = false;
+  // Its TP share: {"size", "valid", "bytes_per_rank" | "error"}; `refusal`
+  // (a pipeline's reason the tp cannot run it) replaces the check.
+  void add_tp(int tp, const std::string& refusal) {
+    if (refusal.empty()) {
+      json["tp"] = tp_shares(listing.rows, table ? &*table : nullptr, tp, json["path"].get<std::string>(), loads_only);
+    } else {
+      json["tp"] = {{"size", tp}, {"valid", false}, {"error", refusal}};
+    }
+  }
+};
+
+// Inspects one component. Throws on an invalid checkpoint. `load_options`:
+// the options a pipeline loads it with (its table then marks what that load
+// never reads as not loaded); null for a component on its own.
+InspectedComponent inspect_component(const std::string& name, const std::string& path, const std::string& variant,
+                                     const models::ModelOptions* load_options) {
   const models::ComponentListing l = models::list_component(path, variant);
   std::optional<models::ModelTable> table;
   if (l.has_config) {
@@ -147,8 +184,24 @@ nlohmann::json inspect_component(const std::string& name, const std::string& pat
   }
   if (table) check_required_tensors(*table, present, path);
   out["total_bytes"] = l.total;
-  if (tp > 0) out["tp"] = tp_shares(l.rows, t, tp, path, loads_only);
-  return out;
+  return {std::move(out), l, std::move(table), loads_only};
+}
+
+// Why the pipeline cannot run at `tp` ("" when it can): the first component
+// it splits over the TP group whose table refuses the size. Checked before
+// any component's per-rank list is built.
+std::string pipeline_tp_refusal(const pipelines::PipelineLayout& layout,
+                                const std::vector<std::pair<std::string, InspectedComponent>>& parts, int tp) {
+  for (const auto& [name, part] : parts) {
+    const pipelines::ComponentLayout* c = layout.find(name);
+    if (!c || !c->sharded || !part.table) continue;
+    try {
+      models::validate_tp_size(*part.table, tp, c->path);
+    } catch (const Error& e) {
+      return fmt::format("the {} cannot run at tp {}: {}", layout.cls, tp, e.what());
+    }
+  }
+  return "";
 }
 
 void print_text(const nlohmann::json& comp) {
@@ -204,20 +257,28 @@ int run_inspect(const std::string& path, int tp, bool json, const std::string& v
                      e.what());
       }
     }
+    std::vector<std::pair<std::string, InspectedComponent>> parts;  // by component name
     for (const auto& c : pipe.components) {
-      if (!folder_has_weights(c.path)) {
+      if (!folder_has_weights(c.path)) continue;
+      const pipelines::ComponentLayout* loaded = layout ? layout->find(c.name) : nullptr;
+      parts.emplace_back(c.name, inspect_component(c.name, c.path, variant, loaded ? &loaded->options : nullptr));
+    }
+    const std::string refusal = tp > 0 && layout ? pipeline_tp_refusal(*layout, parts, tp) : std::string();
+    for (const auto& c : pipe.components) {
+      auto it = std::find_if(parts.begin(), parts.end(), [&](const auto& p) { return p.first == c.name; });
+      if (it == parts.end()) {
         out["components"].push_back({{"name", c.name}, {"class", c.cls}, {"weights", false}});
         continue;
       }
-      const pipelines::ComponentLayout* loaded = layout ? layout->find(c.name) : nullptr;
-      auto comp = inspect_component(c.name, c.path, variant, tp, loaded ? &loaded->options : nullptr);
-      comp["weights"] = true;
-      out["components"].push_back(std::move(comp));
+      if (tp > 0) it->second.add_tp(tp, refusal);
+      it->second.json["weights"] = true;
+      out["components"].push_back(std::move(it->second.json));
     }
   } else {
-    auto comp = inspect_component(fs::path(path).filename().string(), path, variant, tp, nullptr);
-    comp["weights"] = true;
-    out["components"].push_back(std::move(comp));
+    auto comp = inspect_component(fs::path(path).filename().string(), path, variant, nullptr);
+    if (tp > 0) comp.add_tp(tp, "");
+    comp.json["weights"] = true;
+    out["components"].push_back(std::move(comp.json));
   }
   bool tp_ok = true;
   for (const auto& c : out["components"])
@@ -258,8 +319,9 @@ Command inspect_command() {
   };
   c.run = [](const po::variables_map& vm, int*, char***) {
     return run_file_tool(vm["log-level"].as<std::string>(), [&] {
+      // Bounded before anything is read: no job has more ranks (runtime/rank_env.h).
       const int tp = vm["tp"].as<int>();
-      if (tp < 0) throw ConfigError(fmt::format("--tp {} must be positive", tp), true);
+      if (tp < 0 || tp > kMaxWorld) throw ConfigError(fmt::format("--tp {} is outside [0, {}]", tp, kMaxWorld), true);
       return run_inspect(vm["path"].as<std::string>(), tp, vm["json"].as<bool>(), vm["variant"].as<std::string>());
     });
   };

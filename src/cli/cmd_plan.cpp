@@ -2,6 +2,9 @@
 // way of holding the components, from configs and safetensors headers only,
 // and the plan with the most replicas that fits (pipelines/fit_planner.h).
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -23,10 +26,19 @@
 namespace tprun::cli {
 namespace {
 
-// A positive integer flag, ConfigError naming it otherwise.
-int64_t positive_flag(const po::variables_map& vm, const char* name) {
-  const int64_t v = vm[name].as<int64_t>();
-  if (v < 1) throw ConfigError(fmt::format("--{} {} must be at least 1", name, v), true);
+// An integer flag in [lo, hi] (decimal, nothing else): ConfigError naming it
+// otherwise, before any product of sizes can wrap. The flags are read as
+// text so that a value past 64 bits is this error too (exit 3), not a usage one.
+int64_t int_flag(const po::variables_map& vm, const char* name, int64_t lo, int64_t hi) {
+  const std::string text = vm[name].as<std::string>();
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  const bool number = !text.empty() && end != text.c_str() && *end == '\0' && !std::isspace(static_cast<unsigned char>(text[0]));
+  if (!number) throw ConfigError(fmt::format("--{} '{}' is not an integer", name, clip_text(text)), true);
+  if (errno == ERANGE || v < lo || v > hi) {
+    throw ConfigError(fmt::format("--{} {} is outside [{}, {}]", name, clip_text(text), lo, hi), true);
+  }
   return v;
 }
 
@@ -34,6 +46,7 @@ int64_t positive_flag(const po::variables_map& vm, const char* name) {
 // it): its world where it fixes tp and dp, its device, its requests.
 void query_from_manifest(const std::string& path, pipelines::FitQuery& q, int& world) {
   const jobs::Manifest m = jobs::parse_manifest(path);
+  // tp x dp is at most kMaxWorld (parse_manifest refuses more).
   if (m.tp > 0) world = m.dp > 0 ? m.tp * m.dp : std::max(world, m.tp);
   std::error_code ec;
   std::vector<jobs::JobRequest> requests;
@@ -65,10 +78,7 @@ pipelines::FitQuery query_from(const po::variables_map& vm) {
   }
   if (vm.count("device")) device = vm["device"].as<std::string>();
   q.device = planned_device(device);
-  if (vm.count("world")) {
-    world = vm["world"].as<int>();
-    if (world < 1) throw ConfigError(fmt::format("--world {} must be at least 1", world), true);
-  }
+  if (vm.count("world")) world = static_cast<int>(int_flag(vm, "world", 1, kMaxWorld));
   q.world = world;
   q.ranks_per_node = env && env->local_size > 0 ? env->local_size : world;
   // A job's rank computes with its share of this node's CPUs (dist/session).
@@ -82,10 +92,11 @@ pipelines::FitQuery query_from(const po::variables_map& vm) {
       throw ConfigError(fmt::format("--dtype '{}' is not fp32, bf16 or fp16", q.options.dtype), true);
     }
   }
-  if (vm.count("height")) q.height = positive_flag(vm, "height");
-  if (vm.count("width")) q.width = positive_flag(vm, "width");
-  if (vm.count("batch")) q.batch = positive_flag(vm, "batch");
-  if (vm.count("stage-requests")) q.stage_requests = positive_flag(vm, "stage-requests");
+  // The bounds of a manifest and a requests file (pipelines/generation_request.h).
+  if (vm.count("height")) q.height = int_flag(vm, "height", 1, pipelines::kMaxImageSide);
+  if (vm.count("width")) q.width = int_flag(vm, "width", 1, pipelines::kMaxImageSide);
+  if (vm.count("batch")) q.batch = int_flag(vm, "batch", 1, pipelines::kMaxBatchSize);
+  if (vm.count("stage-requests")) q.stage_requests = int_flag(vm, "stage-requests", 1, pipelines::kMaxStageRequests);
   if (!manifest && !vm.count("stage-requests")) q.stage_requests = q.batch;
   if (vm["true-cfg"].as<bool>()) q.true_cfg = true;
   return q;
@@ -128,9 +139,32 @@ nlohmann::json plan_json(const pipelines::FitPlan& plan) {
   return out;
 }
 
+// `plan --json`'s answer when there is no plan to print: {"error": {"kind",
+// "exit_code", "message"}} on standard output, so a reader of the JSON
+// always has an object (the exit code is the error's).
+void print_json_error(const std::string& kind, int code, const std::string& message) {
+  const nlohmann::json j = {{"error", {{"kind", kind}, {"exit_code", code}, {"message", message}}}};
+  std::cout << j.dump(2) << "\n";
+  std::cout.flush();
+}
+
+// The query and its plan; with --json an error on the way is also printed as JSON.
+pipelines::FitPlan query_and_plan(const po::variables_map& vm, pipelines::FitQuery& q) {
+  try {
+    q = query_from(vm);
+    return pipelines::plan_fit(q);
+  } catch (const Error& e) {
+    if (vm["json"].as<bool>()) print_json_error(e.kind_name(), e.exit_code(), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    if (vm["json"].as<bool>()) print_json_error("internal error", exit_code::kInternal, e.what());
+    throw;
+  }
+}
+
 int run_plan(const po::variables_map& vm) {
-  const pipelines::FitQuery q = query_from(vm);
-  const pipelines::FitPlan plan = pipelines::plan_fit(q);
+  pipelines::FitQuery q;
+  const pipelines::FitPlan plan = query_and_plan(vm, q);
   if (vm["json"].as<bool>()) {
     std::cout << plan_json(plan).dump(2) << "\n";
   } else {
@@ -150,19 +184,27 @@ Command plan_command() {
   c.usage = "[MANIFEST]";
   c.add_options = [](po::options_description& desc, po::positional_options_description& pos) {
     po::options_description o("Plan");
+    const std::string world_help = fmt::format(
+        "ranks of the job, at most {} (default: the manifest's tp x dp, the launcher's, or 1)", kMaxWorld);
+    const std::string height_help =
+        fmt::format("image height of the largest request (at most {})", pipelines::kMaxImageSide);
+    const std::string width_help =
+        fmt::format("image width of the largest request (at most {})", pipelines::kMaxImageSide);
+    const std::string batch_help =
+        fmt::format("requests denoised together (output.batch_size, at most {})", pipelines::kMaxBatchSize);
     o.add_options()
         ("manifest", po::value<std::string>(), "job manifest (its model, dtype, [memory], requests, batch size)")
         ("model", po::value<std::string>(), "pipeline folder (instead of a manifest)")
-        ("world", po::value<int>(), "ranks of the job (default: the manifest's tp x dp, the launcher's, or 1)")
+        ("world", po::value<std::string>(), world_help.c_str())
         ("device-memory", po::value<std::string>(),
          "memory of one rank, e.g. 80GB or 24GiB (default: this node's: the GPU's free memory, or the host's "
          "available memory shared by the node's ranks)")
         ("device", po::value<std::string>(), "cpu | cuda | auto (default: the manifest's, else auto)")
         ("dtype", po::value<std::string>(), "compute dtype: fp32 | bf16 | fp16 (default: the manifest's, else fp32)")
-        ("height", po::value<int64_t>(), "image height of the largest request")
-        ("width", po::value<int64_t>(), "image width of the largest request")
-        ("batch", po::value<int64_t>(), "requests denoised together (output.batch_size)")
-        ("stage-requests", po::value<int64_t>(), "staged: requests whose embeddings a round keeps")
+        ("height", po::value<std::string>(), height_help.c_str())
+        ("width", po::value<std::string>(), width_help.c_str())
+        ("batch", po::value<std::string>(), batch_help.c_str())
+        ("stage-requests", po::value<std::string>(), "staged: requests whose embeddings a round keeps")
         ("true-cfg", po::bool_switch(), "requests with a negative prompt (true CFG)")
         ("json", po::bool_switch(), "print JSON instead of a table")
         ("log-level", po::value<std::string>()->default_value(""), "trace|debug|info|warn|error");
@@ -171,6 +213,12 @@ Command plan_command() {
   };
   c.run = [](const po::variables_map& vm, int*, char***) {
     return run_file_tool(vm["log-level"].as<std::string>(), [&] { return run_plan(vm); });
+  };
+  // An option the parser refuses (unknown, misspelt, given twice): with --json, a JSON error too.
+  c.on_option_error = [](const std::vector<std::string>& args, const std::string& message) {
+    if (std::find(args.begin(), args.end(), "--json") != args.end()) {
+      print_json_error("usage error", exit_code::kUsage, message);
+    }
   };
   return c;
 }

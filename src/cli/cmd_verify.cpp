@@ -2,6 +2,7 @@
 // go through the component at tp 1 (every rank computes it on its own, no
 // communicator) and through the TP group; the max and mean absolute
 // differences of the output and of every traced intermediate are printed.
+#include <cmath>
 #include <cstdio>
 
 #include <ATen/TensorOperators.h>
@@ -19,6 +20,7 @@
 #include "dist/device_mesh.h"
 #include "dist/mesh.h"
 #include "runtime/error.h"
+#include "runtime/rank_env.h"
 #include "dist/session.h"
 
 namespace tprun::cli {
@@ -31,6 +33,13 @@ double default_tolerance(const std::string& dtype) {
   // bf16 keeps 8 significant bits: one ulp is 1.6e-2 for outputs in [2, 4), and
   // TP rounds each rank's partial sum once more; 2e-2 failed on O(3) outputs.
   return t == at::kBFloat16 ? 5e-2 : t == at::kHalf ? 1e-2 : 1e-4;
+}
+
+// --tolerance: a finite number >= 0 (ConfigError naming it otherwise).
+void check_tolerance(double tol) {
+  if (!std::isfinite(tol) || tol < 0) {
+    throw ConfigError(fmt::format("--tolerance {} must be a finite number >= 0", tol), true);
+  }
 }
 
 struct Diff {
@@ -63,11 +72,17 @@ Command verify_command() {
     add_session_options(desc);
   };
   c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
+    // Checked before MPI starts, alike on every rank: a NaN tolerance passed every comparison.
+    if (vm.count("tolerance")) check_tolerance(vm["tolerance"].as<double>());
+    const int tp_size = vm["tp"].as<int>();
+    if (tp_size < 1 || tp_size > kMaxWorld) {
+      throw ConfigError(fmt::format("--tp {} is outside [1, {}]", tp_size, kMaxWorld), true);
+    }
     Session session(argc, argv, session_options_from(vm));
     const ModelArgs args = model_args_from(vm);
     const double tol = vm.count("tolerance") ? vm["tolerance"].as<double>() : default_tolerance(args.dtype);
     dist::MeshSpec spec;
-    spec.tp = vm["tp"].as<int>();
+    spec.tp = tp_size;
     auto mesh = session.make_mesh(spec);
     parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
     const std::string device = session.device().device;
@@ -92,7 +107,7 @@ Command verify_command() {
     const int64_t planned = sharded->all_reduces_per_forward();
 
     const Diff total = diff(ref, out);
-    int bad = total.max > tol ? 1 : 0;
+    int bad = total.max <= tol ? 0 : 1;  // a NaN difference fails too
     at::Tensor verdict = at::full({1}, bad, at::TensorOptions().dtype(at::kInt));
     mesh->world().all_reduce(verdict, {dist::ReduceOp::Max});
     bad = verdict.item().toInt();

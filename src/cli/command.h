@@ -19,6 +19,9 @@ struct Command {
   std::function<void(po::options_description&, po::positional_options_description&)> add_options;
   // argc/argv are the process's (for MPI_Init); returns the exit code.
   std::function<int(const po::variables_map&, int* argc, char*** argv)> run;
+  // Optional: told an option error (the command's arguments, the message)
+  // before the usage exit (2), on the printing rank; `plan --json` prints it as JSON.
+  std::function<void(const std::vector<std::string>& args, const std::string& message)> on_option_error;
 };
 
 // Every subcommand, in the order `tprun --help` lists them.

@@ -28,7 +28,9 @@ pipelines::FitQuery fit_query(const Manifest& m, const std::vector<JobRequest>& 
   }
   if (requests.empty()) q.requests.push_back(m.defaults);
   const auto pending = static_cast<int64_t>(requests.size());
-  q.stage_requests = m.stage_requests > 0 ? m.stage_requests : std::max<int64_t>(pending, q.batch);
+  // All pending requests in one round, as many as a round may keep (the planner's bound).
+  q.stage_requests = m.stage_requests > 0 ? m.stage_requests
+                                          : std::min(std::max<int64_t>(pending, q.batch), pipelines::kMaxStageRequests);
   return q;
 }
 

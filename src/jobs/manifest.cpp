@@ -17,6 +17,7 @@
 #include "memory/strict_toml.h"
 #include "pipelines/request_checks.h"
 #include "runtime/error.h"
+#include "runtime/rank_env.h"
 #include "runtime/size_string.h"
 
 namespace tprun::jobs {
@@ -147,7 +148,7 @@ void read_output_table(const TomlDoc& doc, const toml::table& table, Manifest& m
                  if (!m.png && !m.hdf5 && !m.latents) doc.fail(r.key(f), v, "names no format");
                }},
               {"batch_size", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
-                 m.batch_size = r.integer(f, v, 1, 1024);
+                 m.batch_size = r.integer(f, v, 1, pipelines::kMaxBatchSize);
                }}});
 }
 
@@ -161,7 +162,7 @@ void read_schedule_table(const TomlDoc& doc, const toml::table& table, Manifest&
                  }
                }},
               {"stage_requests", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
-                 m.stage_requests = r.integer(f, v, 0, 100000000);
+                 m.stage_requests = r.integer(f, v, 0, pipelines::kMaxStageRequests);
                }},
               {"device_memory", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
                  const std::string text = r.str(f, v);
@@ -217,6 +218,12 @@ void read_manifest_root(const TomlDoc& doc, const toml::table& root, Manifest& m
     throw ConfigError(fmt::format("{}: parallel.tp = \"auto\" chooses dp too (the most replicas that fit); leave "
                                   "parallel.dp unset or set parallel.tp to a number",
                                   doc.path),
+                      true);
+  }
+  if (int64_t{m.tp} * m.dp > kMaxWorld) {
+    throw ConfigError(fmt::format("{}: parallel.tp {} x parallel.dp {} = {} ranks, more than tprun supports (at most "
+                                  "{})",
+                                  doc.path, m.tp, m.dp, int64_t{m.tp} * m.dp, kMaxWorld),
                       true);
   }
 }

@@ -20,6 +20,7 @@
 #include "pipelines/request_memory.h"
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
+#include "runtime/rank_env.h"
 
 namespace tprun::pipelines {
 namespace {
@@ -74,8 +75,10 @@ u64 device_bytes(const SizedComponent& c, int rank, int tp) {
 // 64 MiB (what the check before each request asks for: `fits` uses it, so a
 // plan the planner picks is never refused by that check).
 u64 act(u64 kept, u64 stage, bool margin) {
-  if (!margin) return kept + stage;
-  return static_cast<u64>(static_cast<double>(kept + stage) * 1.15) + (u64{64} << 20);
+  const u64 sum = add_bytes(kept, stage);
+  if (!margin) return sum;
+  const double scaled = static_cast<double>(sum) * 1.15;
+  return add_bytes(scaled >= 18446744073709551616.0 ? UINT64_MAX : static_cast<u64>(scaled), u64{64} << 20);
 }
 
 struct RankNumbers {
@@ -116,28 +119,27 @@ RankNumbers rank_numbers(const std::vector<SizedComponent>& comps, const Pipelin
     const u64 b = device_bytes(c, rank, tp);
     n.components[c.layout.name] = b;
     if (c.layout.phase == Phase::Encode) {
-      encoders += b;
+      encoders = add_bytes(encoders, b);
       encodes = true;
     } else {
-      denoiser += b;
+      denoiser = add_bytes(denoiser, b);
       decodes = decodes || c.layout.phase == Phase::Decode;
     }
   }
   const MemoryEstimate e = estimate_request_memory(rank_model(l, q, device, tp, encodes, decodes), shape);
-  const u64 all = encoders + denoiser;
+  // Sums saturate (request_memory.h): an absurd size reads as too large, never as small.
+  const u64 all = add_bytes(encoders, denoiser), step = add_bytes(e.step, e.attention);
   for (const bool margin : {false, true}) {
-    const FitPhases together = {all + act(e.kept, e.text, margin), all + act(e.kept, e.step + e.attention, margin),
-                                all + act(e.kept, e.decode, margin)};
-    const FitPhases staged = {encoders + act(0, e.text, margin) + embeddings,
-                              denoiser + act(e.kept, e.step + e.attention, margin) + embeddings,
-                              denoiser + act(e.kept, e.decode, margin) + embeddings};
+    const FitPhases together = {add_bytes(all, act(e.kept, e.text, margin)), add_bytes(all, act(e.kept, step, margin)),
+                                add_bytes(all, act(e.kept, e.decode, margin))};
+    const FitPhases staged = {add_bytes(add_bytes(encoders, act(0, e.text, margin)), embeddings),
+                              add_bytes(add_bytes(denoiser, act(e.kept, step, margin)), embeddings),
+                              add_bytes(add_bytes(denoiser, act(e.kept, e.decode, margin)), embeddings)};
     (margin ? n.together_checked : n.together) = together;
     (margin ? n.staged_checked : n.staged) = staged;
   }
-  n.act_together = std::max({act(e.kept, e.text, false), act(e.kept, e.step + e.attention, false),
-                             act(e.kept, e.decode, false)});
-  n.act_staged = std::max({act(0, e.text, false), act(e.kept, e.step + e.attention, false),
-                           act(e.kept, e.decode, false)});
+  n.act_together = std::max({act(e.kept, e.text, false), act(e.kept, step, false), act(e.kept, e.decode, false)});
+  n.act_staged = std::max({act(0, e.text, false), act(e.kept, step, false), act(e.kept, e.decode, false)});
   return n;
 }
 
@@ -158,16 +160,23 @@ std::string tp_refusal(const std::vector<SizedComponent>& comps, const FitQuery&
 }
 
 void check_query(const FitQuery& q) {
-  if (q.world < 1) throw ConfigError(fmt::format("world {} must be at least 1", q.world), true);
-  if (q.batch < 1) throw ConfigError(fmt::format("batch {} must be at least 1", q.batch), true);
+  if (q.world < 1 || q.world > kMaxWorld) {
+    throw ConfigError(fmt::format("world {} is outside [1, {}]", q.world, kMaxWorld), true);
+  }
+  if (q.batch < 1 || q.batch > kMaxBatchSize) {
+    throw ConfigError(fmt::format("batch {} is outside [1, {}]", q.batch, kMaxBatchSize), true);
+  }
   if (q.height < 0 || q.width < 0 || q.max_sequence_length < 0) {
     throw ConfigError(fmt::format("height {}, width {} and max_sequence_length {} must be positive (0: the "
                                   "pipeline's default)",
                                   q.height, q.width, q.max_sequence_length),
                       true);
   }
-  if (q.stage_requests < 1) {
-    throw ConfigError(fmt::format("stage_requests {} must be at least 1", q.stage_requests), true);
+  if (q.height > kMaxImageSide || q.width > kMaxImageSide) {
+    throw ConfigError(fmt::format("height {} or width {} is above {}", q.height, q.width, kMaxImageSide), true);
+  }
+  if (q.stage_requests < 1 || q.stage_requests > kMaxStageRequests) {
+    throw ConfigError(fmt::format("stage_requests {} is outside [1, {}]", q.stage_requests, kMaxStageRequests), true);
   }
   if (q.device != "cpu" && q.device != "cuda") {
     throw ConfigError(fmt::format("device '{}' is not cpu or cuda", q.device), true);
@@ -220,8 +229,11 @@ void add_candidates(const std::vector<SizedComponent>& comps, const PipelineLayo
   const std::string device = q.device == "cuda" ? "cuda:0" : "cpu";
   // A round's embeddings: on the CPU (encode_text's result), so in a CPU rank's memory.
   const u64 elem = q.options.dtype == "fp32" ? 4 : 2;
-  const u64 per_encode = static_cast<u64>(shape.text_tokens * l.transformer.joint_dim + l.pooled_dim) * elem;
-  const u64 kept = static_cast<u64>(q.stage_requests) * (q.true_cfg ? 2 : 1) * per_encode;
+  const u64 per_encode = mul_bytes(add_bytes(mul_bytes(static_cast<u64>(shape.text_tokens),
+                                                       static_cast<u64>(l.transformer.joint_dim)),
+                                             static_cast<u64>(l.pooled_dim)),
+                                   elem);
+  const u64 kept = mul_bytes(mul_bytes(static_cast<u64>(q.stage_requests), q.true_cfg ? 2 : 1), per_encode);
   const u64 counted = q.device == "cpu" ? kept : 0;
   std::vector<RankNumbers> ranks;
   for (int r = 0; r < tp; ++r) ranks.push_back(rank_numbers(comps, l, q, shape, device, tp, r, counted));
@@ -233,13 +245,13 @@ void add_candidates(const std::vector<SizedComponent>& comps, const PipelineLayo
       const RankNumbers& n = ranks[static_cast<size_t>(r)];
       const FitPhases& p = staged ? n.staged : n.together;
       const FitPhases& checked = staged ? n.staged_checked : n.together_checked;
-      best.checked_peak = std::max(best.checked_peak, checked.peak() + plan.overhead);
-      if (r > 0 && p.peak() + plan.overhead <= best.peak) continue;
+      best.checked_peak = std::max(best.checked_peak, add_bytes(checked.peak(), plan.overhead));
+      if (r > 0 && add_bytes(p.peak(), plan.overhead) <= best.peak) continue;
       best.rank = r;
       best.phases = p;
       best.components = n.components;
       best.activations = staged ? n.act_staged : n.act_together;
-      best.peak = p.peak() + plan.overhead;
+      best.peak = add_bytes(p.peak(), plan.overhead);
     }
     best.tp = tp;
     best.dp = q.world / tp;

@@ -35,7 +35,8 @@
 // plan: the most replicas (dp = world / tp) that fit, a tie broken by less
 // memory; none when nothing fits. schedule.phases = "auto" then runs that tp
 // together where together fits at it (nothing is gained by staging a job
-// that fits), else staged: FitPlan::auto_stages.
+// that fits), else staged: FitPlan::auto_stages. Byte counts saturate at
+// UINT64_MAX (request_memory.h add_bytes): an absurd size never wraps small.
 
 #include <cstdint>
 #include <map>
@@ -49,7 +50,7 @@ namespace tprun::pipelines {
 
 struct FitQuery {
   std::string folder;  // the pipeline folder
-  int world = 1;       // ranks of the job
+  int world = 1;       // ranks of the job (at most kMaxWorld, runtime/rank_env.h)
   // "cpu" or "cuda": where the ranks compute (one rank per accelerator).
   std::string device = "cpu";
   // Memory of one rank (the device's on "cuda", the host's share on "cpu");
@@ -141,8 +142,10 @@ struct FitPlan {
   std::string auto_stages_at(int tp) const;
 };
 
-// ConfigError naming the field for a world < 1, a batch or size < 1, an
-// unknown dtype, device or stages; ConfigError as load_pipeline for a
+// ConfigError naming the field for a world outside [1, kMaxWorld], a batch
+// outside [1, kMaxBatchSize], a side above kMaxImageSide, stage_requests
+// outside [1, kMaxStageRequests] (generation_request.h), an unknown dtype,
+// device or stages; ConfigError as load_pipeline for a
 // folder that is not a pipeline tprun has; CheckpointError for bad configs
 // or checkpoints. No weight byte is read.
 FitPlan plan_fit(const FitQuery& query);

@@ -18,6 +18,13 @@
 
 namespace tprun::pipelines {
 
+// Bounds every way of asking shares (a requests file, a manifest's
+// [defaults] and [output], `tprun plan`'s flags), so sizes multiplied
+// together stay far inside 64 bits.
+constexpr int64_t kMaxImageSide = 16384;        // height, width in pixels
+constexpr int64_t kMaxBatchSize = 1024;         // requests denoised together (output.batch_size)
+constexpr int64_t kMaxStageRequests = 100000000;  // requests whose embeddings a staged round keeps
+
 struct GenerationRequest {
   std::string id;  // the job's request id, for log lines only ("" for `tprun generate`)
   std::string prompt;

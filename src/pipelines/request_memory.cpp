@@ -1,6 +1,8 @@
 #include "pipelines/request_memory.h"
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <new>
@@ -27,21 +29,27 @@ namespace {
 
 using u64 = uint64_t;
 
-u64 bytes(double x) { return x <= 0 ? 0 : static_cast<u64>(x); }
+// A byte count from a double: 0 for NaN or below, UINT64_MAX from 2^64 up (a
+// plain cast is undefined there, and gave 0 for a 2147483648^2 image).
+u64 bytes(double x) {
+  if (!(x > 0)) return 0;
+  if (x >= 18446744073709551616.0) return UINT64_MAX;
+  return static_cast<u64>(x);
+}
+
+double dbl(int64_t x) { return static_cast<double>(x); }
 
 // The flash kernels' working set: per thread a block of queries x a block of
 // keys (fp32 scores, probabilities and the accumulator), plus the
 // log-sum-exp rows. libtorch's CPU kernel splits 256 x 512 at most.
-double flash_blocks(int64_t threads, int64_t batch, int64_t heads, int64_t tokens) {
-  return static_cast<double>(std::max<int64_t>(1, threads)) * 256.0 * 512.0 * 4.0 * 3.0 +
-         static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(tokens) * 4.0 * 2.0;
+double flash_blocks(int64_t threads, int64_t batch, int64_t heads, double tokens) {
+  return dbl(std::max<int64_t>(1, threads)) * 256.0 * 512.0 * 4.0 * 3.0 + dbl(batch) * dbl(heads) * tokens * 4.0 * 2.0;
 }
 
 // Scores [B, heads, rows, keys] with the softmax and its input alive.
-double scores(int64_t batch, int64_t heads, int64_t queries, int64_t keys, int64_t chunk, int64_t elem) {
-  const int64_t rows = chunk > 0 ? std::min(chunk, queries) : queries;
-  return static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(rows) *
-         static_cast<double>(keys) * static_cast<double>(elem) * 3.0;
+double scores(int64_t batch, int64_t heads, double queries, double keys, int64_t chunk, int64_t elem) {
+  const double rows = chunk > 0 ? std::min(dbl(chunk), queries) : queries;
+  return dbl(batch) * dbl(heads) * rows * keys * dbl(elem) * 3.0;
 }
 
 // One image through the VAE decoder.
@@ -56,32 +64,34 @@ double vae_decode(const MemoryModel& m, int64_t height, int64_t width) {
   double extra = 0;
   if (tiled) {
     // Decoded tiles kept until they are blended, and the blended image.
-    extra = 3.0 * static_cast<double>(height) * static_cast<double>(width) * static_cast<double>(v.elem_bytes) * 2.5;
+    extra = 3.0 * dbl(height) * dbl(width) * dbl(v.elem_bytes) * 2.5;
     lh = std::min(lh, tile_latent);
     lw = std::min(lw, tile_latent);
   }
   double widest = 0;
   for (size_t l = 0; l < ch.size(); ++l) {
-    // Level l's resolution; it also holds the previous level's upsampled output.
+    // Level l's resolution (the sides doubled l times); it also holds the
+    // previous level's upsampled output.
     const int64_t c = std::max(ch[l], l > 0 ? ch[l - 1] : ch[l]);
-    const double pixels = static_cast<double>(lh << l) * static_cast<double>(lw << l);
-    widest = std::max(widest, 3.5 * static_cast<double>(c) * pixels * static_cast<double>(v.elem_bytes));
+    const double up = std::ldexp(1.0, static_cast<int>(std::min<size_t>(l, 64)));
+    const double pixels = dbl(lh) * up * dbl(lw) * up;
+    widest = std::max(widest, 3.5 * dbl(c) * pixels * dbl(v.elem_bytes));
   }
-  const int64_t mid_tokens = lh * lw;
+  const double mid_tokens = dbl(lh) * dbl(lw);
   const double attn = v.scores_materialised
                           ? scores(1, 1, mid_tokens, mid_tokens, m.attention_chunk, v.elem_bytes)
                           : flash_blocks(m.threads, 1, 1, mid_tokens);
   // The decoded image in the pipeline's float and byte copies.
-  const double image = static_cast<double>(height) * static_cast<double>(width) * 3.0 *
-                       (static_cast<double>(v.elem_bytes) + 4.0 + 4.0 + 1.0 + 1.0);
+  const double image = dbl(height) * dbl(width) * 3.0 * (dbl(v.elem_bytes) + 4.0 + 4.0 + 1.0 + 1.0);
   return widest + attn + image + extra;
 }
 
 }  // namespace
 
 std::string MemoryEstimate::largest() const {
-  if (decode >= step + attention && decode >= text) return "VAE decode";
-  if (text > step + attention) return "text encoder";
+  const u64 denoise = add_bytes(step, attention);
+  if (decode >= denoise && decode >= text) return "VAE decode";
+  if (text > denoise) return "text encoder";
   return "denoising step";
 }
 
@@ -91,8 +101,7 @@ MemoryEstimate estimate_request_memory(const MemoryModel& m, const RequestShape&
   const int64_t tp = std::max<int64_t>(1, m.tp_size);
   const double elem = static_cast<double>(m.elem_bytes);
   const double B = static_cast<double>(std::max<int64_t>(1, r.batch));
-  const int64_t s_tokens = r.image_tokens + r.text_tokens;
-  const double S = static_cast<double>(s_tokens);
+  const double S = dbl(r.image_tokens) + dbl(r.text_tokens);
   const double D = static_cast<double>(t.inner());
   const double fp32_rope = 2.0 * 4.0 / elem;  // q and k rotated in fp32
   // This rank's share: q, k, v, q and k in fp32, the attention output, the
@@ -102,21 +111,21 @@ MemoryEstimate estimate_request_memory(const MemoryModel& m, const RequestShape&
   e.step = bytes(B * S * elem * (6.0 * D + local));
   const int64_t heads_local = std::max<int64_t>(1, t.heads / tp);
   e.attention = bytes(m.scores_materialised
-                          ? scores(r.batch, heads_local, s_tokens, s_tokens, m.attention_chunk, m.elem_bytes)
-                          : flash_blocks(m.threads, r.batch, heads_local, s_tokens));
+                          ? scores(r.batch, heads_local, S, S, m.attention_chunk, m.elem_bytes)
+                          : flash_blocks(m.threads, r.batch, heads_local, S));
   if (r.encodes_text && m.text_hidden > 0) {
     // Hidden states, the gated feed-forward and the eager attention scores
     // (heads of 64, fp32 softmax) of one prompt at a time.
     const double T = static_cast<double>(r.text_tokens), H = static_cast<double>(m.text_hidden);
-    e.text = bytes(T * H * elem * 16.0 + scores(1, std::max<int64_t>(1, m.text_hidden / 64), r.text_tokens,
-                                                r.text_tokens, m.attention_chunk, 4));
+    e.text = bytes(T * H * elem * 16.0 + scores(1, std::max<int64_t>(1, m.text_hidden / 64), T, T,
+                                                m.attention_chunk, 4));
   }
   if (m.decodes) e.decode = bytes(vae_decode(m, r.height, r.width));
   // Latents (and the step's noise and update), prompt embeddings (x 2 for CFG).
-  e.kept = bytes(B * static_cast<double>(r.image_tokens * t.in_channels) * elem * 4.0 +
-                 B * static_cast<double>(r.text_tokens * t.joint_dim) * elem * 2.0);
-  const u64 stage = std::max({e.text, e.step + e.attention, e.decode});
-  e.peak = bytes(static_cast<double>(e.kept + stage) * 1.15) + (u64{64} << 20);
+  e.kept = bytes(B * dbl(r.image_tokens) * dbl(t.in_channels) * elem * 4.0 +
+                 B * dbl(r.text_tokens) * dbl(t.joint_dim) * elem * 2.0);
+  const u64 stage = std::max({e.text, add_bytes(e.step, e.attention), e.decode});
+  e.peak = add_bytes(bytes(static_cast<double>(add_bytes(e.kept, stage)) * 1.15), u64{64} << 20);
   return e;
 }
 
@@ -174,9 +183,10 @@ void check_batch_memory(const MemoryModel& m, const RequestShape& r, const paral
   const MemoryLimit* tight = mem.tightest(sharing);
   const auto avail = mem.available(sharing);
   // Per rank: need, have (-1: unknown), the limit and what counts against it.
-  std::vector<int64_t> mine = {static_cast<int64_t>(e.peak), avail ? static_cast<int64_t>(*avail) : -1,
-                               tight ? static_cast<int64_t>(tight->limit) : 0,
-                               tight ? static_cast<int64_t>(tight->used) : 0, 0};
+  // Saturated at INT64_MAX for the exchange: a peak past it must not turn negative (and pass).
+  auto signed_bytes = [](u64 b) { return static_cast<int64_t>(std::min<u64>(b, INT64_MAX)); };
+  std::vector<int64_t> mine = {signed_bytes(e.peak), avail ? signed_bytes(*avail) : -1,
+                               tight ? signed_bytes(tight->limit) : 0, tight ? signed_bytes(tight->used) : 0, 0};
   if (tight) {
     static const char* kinds[] = {"RLIMIT_AS", "MemAvailable", "cuda"};
     for (int64_t k = 0; k < 3; ++k) {
@@ -200,7 +210,7 @@ void check_batch_memory(const MemoryModel& m, const RequestShape& r, const paral
                                               ? fmt::format(", shared by {} ranks of the node", sharing)
                                               : std::string());
     std::vector<std::string> hints = {"a smaller height/width"};
-    if (m.decodes && e.decode >= e.step + e.attention && !m.vae.tiling) {
+    if (m.decodes && e.decode >= add_bytes(e.step, e.attention) && !m.vae.tiling) {
       hints.push_back("--memory vae_tiling=true (decode bounded by one tile)");
     }
     if (m.scores_materialised && m.attention_chunk == 0) {

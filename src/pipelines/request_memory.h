@@ -85,7 +85,20 @@ struct MemoryEstimate {
   std::string largest() const;
 };
 
+// Computed in floating point and saturated: a size whose bytes pass 2^64 gives
+// UINT64_MAX, never a wrapped small number.
 MemoryEstimate estimate_request_memory(const MemoryModel& model, const RequestShape& shape);
+
+// Byte counts that saturate at UINT64_MAX instead of wrapping, for sums and
+// products of estimates (the fit planner's phases).
+inline uint64_t add_bytes(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+inline uint64_t mul_bytes(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
 
 // What every family fills alike: the compute dtype's bytes ("fp32" | "bf16" |
 // "fp16"), the attention backend libtorch picks on `device` for the

@@ -33,9 +33,29 @@ fs::path begin_output_folder(const std::string& trimmed, bool force) {
     if (!empty && !force)
       throw ConfigError(fmt::format("{}: exists and is not empty; pass --force to replace it", trimmed));
   }
+  // Its parents are created where missing; one that exists must be a folder.
+  for (fs::path p = dir.parent_path(); !p.empty(); p = p.parent_path()) {
+    const fs::file_status ps = fs::status(p, ec);
+    if (ps.type() == fs::file_type::not_found) {
+      if (p == p.root_path()) break;
+      continue;
+    }
+    if (ec) throw ConfigError(fmt::format("{}: its folder {} cannot be inspected: {}", trimmed, p.string(), ec.message()));
+    if (!fs::is_directory(ps)) {
+      throw ConfigError(fmt::format("{}: {} is not a folder; choose an output folder whose parents are folders",
+                                    trimmed, p.string()));
+    }
+    break;
+  }
   const fs::path tmp = trimmed + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp, ec);
-  fs::create_directories(tmp);
+  ec.clear();
+  fs::create_directories(tmp, ec);
+  if (ec) {
+    throw IoError(fmt::format("{}: cannot create the folder {} to write it in: {}; choose an output folder where "
+                              "you may create folders",
+                              trimmed, tmp.string(), ec.message()));
+  }
   return tmp;
 }
 

@@ -21,8 +21,10 @@ struct InitModelSummary {
 };
 
 // Checks `dir` (absent, empty, or with `force` a folder to replace; never a
-// file) and returns the temporary folder to build in (`dir`.tmp-<pid>, empty).
-// ConfigError naming the folder.
+// file, nor below one) and returns the temporary folder to build in
+// (`dir`.tmp-<pid>, empty). ConfigError naming the folder; IoError naming
+// the temporary folder where the system refuses to create it (a read-only
+// or virtual file system such as /proc, permissions).
 std::filesystem::path begin_output_folder(const std::string& dir, bool force);
 // Moves the finished temporary folder into place (replacing `dir` with force).
 void commit_output_folder(const std::filesystem::path& tmp, const std::filesystem::path& dir);

@@ -13,6 +13,11 @@
 
 namespace tprun {
 
+// The most ranks a job may have: every world (a launcher's variables, MPI's
+// own, `tprun plan --world`) and every TP size is refused above it, so the
+// per-rank tables and loops stay bounded.
+constexpr int kMaxWorld = 65536;
+
 struct RankEnv {
   int rank = 0;
   int world = 1;
@@ -35,14 +40,14 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 EnvLookup process_env();
 
 // The first launcher whose variables are all present, or nullopt. A variable
-// that is present but malformed (not an integer, out of range) is a
-// ConfigError naming the variable and its value.
+// that is present but malformed (not an integer, out of range; a size above
+// kMaxWorld) is a ConfigError naming the variable and its value.
 std::optional<RankEnv> rank_env_from_variables(const EnvLookup& env);
 
 // Combines the launcher variables with what MPI reports. The variables win for
 // the local rank (device choice); MPI must agree on rank and world, since
 // communication goes through MPI: a disagreement is a ConfigError that names
-// both and what to do.
+// both and what to do. An MPI world above kMaxWorld is a ConfigError.
 RankEnv resolve_rank_env(const EnvLookup& env, const MpiIdentity& mpi);
 
 // Expands Slurm's compressed task list ("2(x3),1") and returns the entry for

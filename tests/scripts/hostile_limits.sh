@@ -17,6 +17,21 @@
 #                        through a double); a height of INT64_MAX is refused by the request bounds (exit 3)
 #   png_folder           a folder where a done request's PNG belongs: named as a folder, not
 #                        "shorter than a PNG signature"
+#   plan_world           `plan --world 2147483647` (a wrapped `int tp`, SIGFPE after 15-27 s), the same
+#                        world from OMPI_COMM_WORLD_SIZE / WORLD_SIZE / SLURM_NTASKS, a manifest's tp x dp
+#                        past 2^31: config errors naming the option, variable or keys, within seconds;
+#                        --world 65536 (the bound) plans
+#   plan_overflow        `plan --height 4000000000 --width 4000000000` (planned 1024x1024 and "fits"),
+#                        --batch / --stage-requests 9223372036854775807, a side past 64 bits: exit 3
+#                        naming the flag and its bound; 16384x16384 is planned as asked; --json with a
+#                        flag error (exit 3) or an unknown flag (exit 2) prints a JSON error object
+#   inspect_tp           `inspect QWEN --tp 100000000` (a per-rank list past 1.1 GB) and --tp 2147483647
+#                        (spun): exit 3 naming --tp at once; --tp 65536 answers within seconds, the
+#                        pipeline's reason on every component; `verify --tp` likewise
+#   verify_tolerance     `verify --tolerance nan` (passed every comparison) and -1, inf: exit 3 naming it
+#   init_model_paths     `init-model /proc/x` and `init-model FILE/sub` (exit 1 "internal error:
+#                        filesystem error"): an I/O error naming the folder (exit 7), a config error
+#                        naming FILE (exit 3); nothing left behind
 # (header_200k, the quadratic safetensors header parse, is a unit test: tests/unit/test_limits.cpp.)
 # usage: hostile_limits.sh CASE TPRUN MPIRUN
 set -u
@@ -208,6 +223,117 @@ png_folder)
   grep -aq "shorter than a PNG signature" out && fail "a folder reported as a short PNG"
   grep -aqF "images/b.png" out || fail "the folder is not named"
   grep -aq "a folder, not a file" out || fail "not said to be a folder"
+  ;;
+plan_world)
+  model
+  for w in 2147483647 65537 0 -1 4294967297 99999999999999999999; do
+    run 20 "$tprun" plan --model "$work/model" --world "$w"
+    expect_exit 3 "--world" "outside [1, 65536]"
+  done
+  run 20 "$tprun" plan --model "$work/model" --world 12x
+  expect_exit 3 "--world '12x' is not an integer"
+  # The same world from a launcher's variables (no mpirun: plan reads them as it starts).
+  for vars in "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2147483647" "RANK=0 WORLD_SIZE=2147483647" \
+              "SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=2147483647" \
+              "OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_SIZE=70000"; do
+    run 20 env $vars "$tprun" plan --model "$work/model"
+    expect_exit 3 "${vars##* }" "at most 65536"
+  done
+  # A manifest's tp x dp (4096 x 1048576 = 2^32, an int product wrapped to 0).
+  echo '{"id": "a", "prompt": "x"}' >req.jsonl
+  printf 'model = "%s"\nrequests = "req.jsonl"\n[parallel]\ntp = 4096\ndp = 1048576\n' "$work/model" >big.toml
+  run 20 "$tprun" plan big.toml
+  expect_exit 3 "parallel.tp 4096 x parallel.dp 1048576" "at most 65536"
+  # The bound itself plans, in seconds (divisors only; tp past the heads refused with the reason).
+  run 60 "$tprun" plan --model "$work/model" --world 65536 --device-memory 1TiB --json
+  expect_exit 0
+  python3 -c "import json,sys; p=json.load(open(sys.argv[1])); assert p['chosen']['dp'] * p['chosen']['tp'] == 65536, p['chosen']; assert all(r['tp'] & (r['tp'] - 1) == 0 for r in p['refused'])" out ||
+    fail "--world 65536: no plan of 65536 ranks"
+  ;;
+plan_overflow)
+  model
+  for args in "--height 4000000000 --width 4000000000" "--height 2147483648 --width 2147483648" \
+              "--height 16400 --width 16" "--height 99999999999999999999 --width 16"; do
+    run 20 "$tprun" plan --model "$work/model" $args
+    expect_exit 3 "--height" "[1, 16384]"
+    grep -aq "fits" out && fail "$args: a plan was printed"
+  done
+  for flag in batch stage-requests; do
+    for v in 9223372036854775807 -9223372036854775808 1e3; do
+      run 20 "$tprun" plan --model "$work/model" --$flag $v
+      expect_exit 3 "--$flag"
+    done
+  done
+  run 20 "$tprun" plan --model "$work/model" --batch 1025
+  expect_exit 3 "--batch 1025 is outside [1, 1024]"
+  # The largest image is planned as asked (not 1024x1024), its estimate in the GiB, not "0 B".
+  timeout 60 "$tprun" plan --model "$work/model" --height 16384 --width 16384 --batch 1024 --json </dev/null \
+    >json.out 2>"$work/out"; rc=$?
+  crashed && fail "16384x16384: crashed"
+  [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ] || fail "16384x16384: exit $rc"
+  python3 -c "
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert (p['request']['height'], p['request']['width'], p['request']['batch']) == (16384, 16384, 1024), p['request']
+assert all(c['activations'] > 1 << 40 for c in p['candidates']), [c['activations'] for c in p['candidates']]" json.out ||
+    fail "16384x16384 batch 1024 not planned as asked"
+  # --json: a JSON error object on stdout for a flag error (exit 3) and an unknown flag (exit 2).
+  for args in "--height 4000000000 3" "--world 0 3" "--wrold 2 2" "--dtype fp64 3"; do
+    set -- $args
+    timeout 20 "$tprun" plan --model "$work/model" --json "$1" "$2" </dev/null >json.out 2>"$work/out"; rc=$?
+    [ "$rc" -eq "$3" ] || fail "plan --json $1 $2: exit $rc, expected $3"
+    python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['error']; assert e['exit_code'] == int(sys.argv[2]) and sys.argv[3] in e['message'], e" \
+      json.out "$3" "${1#--}" || fail "plan --json $1 $2: no JSON error on stdout: $(head -c 400 json.out)"
+  done
+  ;;
+inspect_tp)
+  "$tprun" init-model "$work/qwen" --arch qwen-image --preset tiny >/dev/null 2>&1 || fail "init-model qwen-image"
+  for tp in 100000000 2147483647 65537 -1; do
+    run 20 "$tprun" inspect "$work/qwen" --tp $tp
+    expect_exit 3 "--tp" "[0, 65536]"
+  done
+  # The bound answers in seconds: the transformer's heads refuse it, no per-rank list is built.
+  run 60 "$tprun" inspect "$work/qwen" --tp 65536 --json
+  expect_exit 3
+  python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+for c in j['components']:
+    if c.get('weights'):
+        assert c['tp']['valid'] is False and 'tp 65536' in c['tp']['error'] and 'bytes_per_rank' not in c['tp'], c['tp']" out ||
+    fail "--tp 65536: not refused on every component with the pipeline's reason"
+  # A component folder that splits nothing (the VAE): one entry per rank, computed once.
+  run 60 "$tprun" inspect "$work/qwen/vae" --tp 65536 --json
+  expect_exit 0
+  python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['components'][0]['tp']; assert t['valid'] and len(set(t['bytes_per_rank'])) == 1 and len(t['bytes_per_rank']) == 65536" out ||
+    fail "inspect vae --tp 65536"
+  for tp in 100000000 0 -3; do
+    run 60 "$mpirun" -np 1 "$tprun" verify --model "$work/qwen" --component transformer --tp $tp
+    expect_exit 3 "--tp" "[1, 65536]"
+  done
+  ;;
+verify_tolerance)
+  model
+  for tol in nan -1 inf -inf; do
+    run 60 "$mpirun" -np 1 "$tprun" verify --model "$work/model" --component transformer --tolerance=$tol
+    expect_exit 3 "--tolerance" "finite number >= 0"
+    grep -aq "^OK" out && fail "--tolerance $tol: verified OK"
+  done
+  run 120 "$mpirun" -np 1 "$tprun" verify --model "$work/model" --component transformer --tolerance=0.001
+  expect_exit 0 "OK: max abs diff"
+  ;;
+init_model_paths)
+  run 60 "$tprun" init-model /proc/tprun-x --arch flux
+  expect_exit 7 "/proc/tprun-x" "I/O error"
+  grep -aq "internal error" out && fail "/proc/tprun-x: an internal error"
+  echo x >"$work/file"
+  for d in "$work/file/sub" "$work/file/sub/deeper"; do
+    run 60 "$tprun" init-model "$d" --arch flux
+    expect_exit 3 "$work/file is not a folder"
+    grep -aq "internal error" out && fail "$d: an internal error"
+  done
+  [ "$(cat "$work/file")" = x ] || fail "the file was changed"
+  ls "$work" | grep -q tmp- && fail "a temporary folder was left: $(ls "$work")"
   ;;
 *)
   echo "unknown case $case_name"; exit 2 ;;

@@ -5,6 +5,7 @@
 // hidden-layer cut is counted, staged peaks lie below together peaks, and
 // the chosen plan has the most replicas that fit (a tie: less memory).
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,8 +21,10 @@
 #include "pipelines/fit_planner.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/pipeline_layout.h"
+#include "pipelines/request_memory.h"
 #include "presets/preset_registry.h"
 #include "runtime/error.h"
+#include "runtime/rank_env.h"
 #include "test_data.h"
 #include "tiny_pipeline.h"
 
@@ -305,6 +308,77 @@ TEST(FitPlanner, RefusesBadQueriesAndFoldersAsLoadPipelineDoes) {
   q = query_of("flux", 1, {});
   q.stages = "sometimes";
   EXPECT_THROW(plan_fit(q), ConfigError);
+}
+
+// Issue 31: a world of 2147483647 wrapped the planner's `int tp` into a
+// SIGFPE; sizes past the manifest's bounds wrapped the products into a plan
+// for the defaults. Each is a ConfigError now, before any folder is read.
+TEST(FitPlanner, RefusesWorldsAndSizesPastTheBounds) {
+  auto refused = [](FitQuery q, const std::string& field) {
+    try {
+      plan_fit(q);
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+      return true;
+    }
+    return false;
+  };
+  FitQuery q = query_of("flux", kMaxWorld + 1, {});
+  EXPECT_TRUE(refused(q, "world"));
+  q.world = std::numeric_limits<int>::max();
+  EXPECT_TRUE(refused(q, "world"));
+  q = query_of("flux", 1, {});
+  q.height = kMaxImageSide + 16;
+  EXPECT_TRUE(refused(q, "height"));
+  q = query_of("flux", 1, {});
+  q.width = int64_t{4000000000};
+  EXPECT_TRUE(refused(q, "width"));
+  q = query_of("flux", 1, {});
+  q.batch = std::numeric_limits<int64_t>::max();
+  EXPECT_TRUE(refused(q, "batch"));
+  q = query_of("flux", 1, {});
+  q.stage_requests = kMaxStageRequests + 1;
+  EXPECT_TRUE(refused(q, "stage_requests"));
+  // The bounds themselves plan, and the image planned is the one asked for.
+  q = query_of("flux", 1, {});
+  q.height = q.width = kMaxImageSide;
+  q.batch = kMaxBatchSize;
+  q.stage_requests = kMaxStageRequests;
+  q.true_cfg = true;
+  const FitPlan plan = plan_fit(q);
+  EXPECT_EQ(plan.height, kMaxImageSide);
+  EXPECT_EQ(plan.width, kMaxImageSide);
+  for (const auto& c : plan.candidates) EXPECT_GT(c.activations, uint64_t{1} << 40) << c.tp << " " << c.stages;
+}
+
+// A request whose bytes pass 2^64 (2147483648^2 was estimated "0 B"): the
+// estimate saturates, never wraps to a small number.
+TEST(FitPlanner, MemoryEstimateSaturates) {
+  MemoryModel m;
+  m.pipeline = "FluxPipeline";
+  m.transformer = {24, 128, 4 * 3072, 4 * 3072, 64, 4096};
+  m.elem_bytes = 4;
+  m.text_hidden = 4096;
+  m.decodes = true;
+  m.vae.decoder_channels = {512, 512, 256, 128};
+  m.threads = 2;
+  for (const int64_t side : {int64_t{2147483648}, int64_t{9223372036854775792}}) {
+    SCOPED_TRACE(side);
+    RequestShape r;
+    r.height = r.width = side;
+    r.image_tokens = side == 2147483648 ? (side / 16) * (side / 16) : std::numeric_limits<int64_t>::max();
+    r.text_tokens = 512;
+    const MemoryEstimate e = estimate_request_memory(m, r);
+    EXPECT_EQ(e.step, UINT64_MAX);
+    EXPECT_EQ(e.decode, UINT64_MAX);
+    EXPECT_EQ(e.peak, UINT64_MAX);
+    EXPECT_GT(e.kept, uint64_t{1} << 60);
+    EXPECT_EQ(e.largest(), "VAE decode");
+  }
+  EXPECT_EQ(add_bytes(UINT64_MAX, 1), UINT64_MAX);
+  EXPECT_EQ(mul_bytes(uint64_t{1} << 40, uint64_t{1} << 40), UINT64_MAX);
+  EXPECT_EQ(add_bytes(2, 3), 5u);
+  EXPECT_EQ(mul_bytes(6, 7), 42u);
 }
 
 }  // namespace
