@@ -19,6 +19,7 @@
 #include "jobs/output_folder.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/png_image.h"
+#include "pipelines/request_checks.h"
 #include "runtime/error.h"
 #include "runtime/out_of_memory.h"
 #include "dist/session.h"
@@ -108,6 +109,7 @@ GenerationRequest checked_request(const po::variables_map& vm) {
   GenerationRequest req = request_from(vm);
   if (vm.count("inputs")) {
     req.given = std::make_shared<const models::TensorMap>(checkpoint::read_tensor_file(vm["inputs"].as<std::string>()));
+    pipelines::check_given_inputs(*req.given, "--inputs " + vm["inputs"].as<std::string>());
   }
   if (!req.has_given("prompt_embeds") && !vm.count("prompt")) {
     throw ConfigError("--prompt is required (or --inputs with prompt_embeds)", true);
