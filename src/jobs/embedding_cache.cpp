@@ -52,6 +52,22 @@ bool is_chunk_name(const std::string& name) {
   return name.size() > n && name[0] != '.' && name.compare(name.size() - n, n, kChunkSuffix) == 0;
 }
 
+// A key for a message on one line: clipped, control characters escaped
+// ("<max_sequence_length>\n<text>" shows as "512\n<text>").
+std::string key_text(const std::string& key) {
+  std::string out;
+  for (unsigned char c : clip_text(key)) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20) {
+      out += fmt::format("\\x{:02x}", c);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 int64_t mtime_ns(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
@@ -147,15 +163,15 @@ std::vector<checkpoint::TensorPayload> chunk_payloads(
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& [key, tensors] = entries[i];
     if (!keys.insert(key).second)
-      throw CheckpointError(fmt::format("{}: the key '{}' is given twice", path, clip_text(key)));
+      throw CheckpointError(fmt::format("{}: the key '{}' is given twice", path, key_text(key)));
     if (tensors.empty())
-      throw CheckpointError(fmt::format("{}: the key '{}' has no tensors", path, clip_text(key)));
+      throw CheckpointError(fmt::format("{}: the key '{}' has no tensors", path, key_text(key)));
     EntryHash h;
     h.field(key);
     h.number(tensors.size());
     for (const auto& [name, tensor] : tensors) {  // a std::map: sorted by name, as the reader sorts them
       if (!tensor.defined() || tensor.numel() == 0)
-        throw CheckpointError(fmt::format("{}: tensor '{}' of key '{}' is {}", path, name, clip_text(key),
+        throw CheckpointError(fmt::format("{}: tensor '{}' of key '{}' is {}", path, name, key_text(key),
                                           tensor.defined() ? "empty (no elements)" : "undefined"));
       keep.push_back(tensor.detach().to(at::kCPU).contiguous());
       checkpoint::TensorPayload p;
@@ -285,7 +301,7 @@ EmbeddingCache::Parsed EmbeddingCache::parse_file(const std::string& path, const
   std::unordered_set<std::string> seen;
   for (size_t i = 0; i < p.keys.size(); ++i) {
     if (!seen.insert(p.keys[i]).second)
-      throw CheckpointError(fmt::format("{}: the key '{}' is listed twice", path, clip_text(p.keys[i])));
+      throw CheckpointError(fmt::format("{}: the key '{}' is listed twice", path, key_text(p.keys[i])));
     p.locations[i].hash = hashes[i];
   }
   for (const auto& entry : h.tensors) {  // sorted by name: each key's tensors sorted by name too
@@ -313,7 +329,7 @@ EmbeddingCache::Parsed EmbeddingCache::parse_file(const std::string& path, const
     }
     if (rules.check_entry) {
       const std::string why = rules.check_entry(p.keys[i], p.locations[i].tensors);
-      if (!why.empty()) throw CheckpointError(fmt::format("{}: key {} ('{}'): {}", path, i, clip_text(p.keys[i]), why));
+      if (!why.empty()) throw CheckpointError(fmt::format("{}: key {} ('{}'): {}", path, i, key_text(p.keys[i]), why));
     }
   }
   if (!whole) return p;
@@ -334,7 +350,7 @@ EmbeddingCache::Parsed EmbeddingCache::parse_file(const std::string& path, const
     if (eh.hex() != p.locations[i].hash) {
       throw CheckpointError(fmt::format("{}: key {} ('{}') does not match its hash (its keys, tensors or bytes were "
                                         "changed or damaged after it was written)",
-                                        path, i, clip_text(p.keys[i])));
+                                        path, i, key_text(p.keys[i])));
     }
   }
   return p;
@@ -352,7 +368,7 @@ std::map<size_t, std::string> shared_keys(const std::vector<P>& parsed) {
     for (const auto& key : parsed[f].keys) {
       const auto [it, fresh] = first.emplace(key, f);
       if (fresh || it->second == f) continue;
-      const std::string why = fmt::format("the key '{}' is in both {} and {}; neither is trusted", clip_text(key),
+      const std::string why = fmt::format("the key '{}' is in both {} and {}; neither is trusted", key_text(key),
                                           parsed[it->second].file.path, parsed[f].file.path);
       bad.emplace(it->second, why);
       bad.emplace(f, why);
@@ -451,7 +467,7 @@ bool EmbeddingCache::contains(const std::string& key) const { return index_.coun
 models::TensorMap EmbeddingCache::get(const std::string& key) const {
   auto it = index_.find(key);
   if (it == index_.end())
-    throw CheckpointError(fmt::format("{}: no embeddings stored for the key '{}'", folder_, clip_text(key)));
+    throw CheckpointError(fmt::format("{}: no embeddings stored for the key '{}'", folder_, key_text(key)));
   const ChunkFile& file = files_[it->second.file];
   const std::string fix = "move it aside (rename it) and rerun: the rerun encodes its texts again";
   Fd f;
@@ -475,7 +491,7 @@ models::TensorMap EmbeddingCache::get(const std::string& key) const {
   if (h.hex() != it->second.hash) {
     throw CheckpointError(fmt::format("{}: the embeddings of '{}' do not match their hash (changed or damaged after "
                                       "they were written); {}",
-                                      file.path, clip_text(key), fix));
+                                      file.path, key_text(key), fix));
   }
   return out;
 }
