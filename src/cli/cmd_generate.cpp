@@ -125,6 +125,7 @@ GenerationRequest checked_request(const po::variables_map& vm) {
   pipelines::check_request_bounds(req, fail_flag);
   if (vm.count("inputs")) {
     req.given = std::make_shared<const models::TensorMap>(checkpoint::read_tensor_file(vm["inputs"].as<std::string>()));
+    pipelines::check_given_inputs(*req.given, "--inputs " + vm["inputs"].as<std::string>());
   }
   if (!req.has_given("prompt_embeds") && !vm.count("prompt")) {
     throw ConfigError("--prompt is required (or --inputs with prompt_embeds)", true);

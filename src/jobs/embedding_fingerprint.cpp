@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Bumped when what the fingerprint covers, or how, changes.
-constexpr const char* kFingerprintFormat = "tprun-embedding-fingerprint-1";
+constexpr const char* kFingerprintFormat = "tprun-embedding-fingerprint-2";
 constexpr uint64_t kReadChunk = 1ull << 20;
 
 // XXH3-128 over length-prefixed fields, so that no two different sequences

@@ -19,8 +19,8 @@ inline constexpr int64_t kFingerprintMaxFiles = 10000;
 // component named "text_encoder*" or "tokenizer*", every file of its folder
 // (recursively, sorted by relative path): its bytes when at most
 // kFingerprintBytesLimit, else its size and mtime (ns); and `settings` (the
-// caller's: dtype, TP size and sharding of the encoders, their memory
-// options). Symlinked files are followed (a Hugging Face snapshot links every
+// caller's: tprun's version, dtype, device kind, TP size and sharding of
+// the encoders, their memory options; jobs/staged_phases.h). Symlinked files are followed (a Hugging Face snapshot links every
 // file into ../../blobs); symlinked folders only when they lie inside
 // `model_folder`, otherwise the link's target text stands for them.
 // CheckpointError for a folder that is not a pipeline folder, a component

@@ -390,12 +390,15 @@ void JobRun::schedule() {
     store_ = std::make_unique<Hdf5Store>(out_dir_.string(), m.hdf5, m.latents, srs, control_, MPI_COMM_WORLD);
   }
   if (staged_) {
-    // Indexed by every rank before any replica writes a chunk (the barrier),
-    // so the ranks of a TP group see the same cache; each group then adds
-    // only the chunks it writes itself.
-    embeddings_ = std::make_unique<EmbeddingCache>(
-        out_dir_.string(), embedding_fingerprint(m.model, embedding_settings(m, mesh_->tp_size())));
-    control_.barrier();
+    // Swept by world rank 0 (bad chunks moved aside) and indexed by every
+    // rank before any replica writes a chunk, so the ranks of a TP group see
+    // the same cache; each group then adds only the chunks it writes itself.
+    std::vector<const JobRequest*> runnable;
+    for (const JobRequest* r : todo_) {
+      if (runnable_.count(r)) runnable.push_back(r);
+    }
+    embeddings_ = open_embedding_cache(out_dir_.string(), m, mesh_->tp_size(), session_.device().device, *pipe_,
+                                       runnable, control_);
   }
 }
 

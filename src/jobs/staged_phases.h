@@ -20,6 +20,7 @@
 #include "pipelines/pipeline.h"
 
 namespace tprun::dist {
+class ControlPlane;
 class DeviceMesh;
 }
 
@@ -40,9 +41,31 @@ struct EncodeRound {
 std::vector<std::vector<Unit>> stage_rounds(const std::vector<Unit>& units, int64_t stage_requests);
 
 // The settings besides the model's files that the embeddings depend on, for
-// embedding_fingerprint: dtype, the TP size and sharding of the encoders,
-// their memory options.
-std::string embedding_settings(const Manifest& manifest, int tp_size);
+// embedding_fingerprint: tprun's version (the encoding code, templates),
+// dtype, the device the encoders run on ("cpu", "cuda:0": its kind counts),
+// the TP size and sharding of the encoders, their memory options.
+std::string embedding_settings(const Manifest& manifest, int tp_size, const std::string& device);
+
+// What a cached entry must be for `pipeline` and `requests` (the runnable
+// ones): floating-point tensors in the manifest's dtype; for a key one of
+// the requests needs (pipeline.text_encodes), every tensor its `gives` names,
+// floating point, accepted by pipeline.check_request as the request's given
+// tensors (shape, width, at least one text token). check_entry refers to
+// `pipeline`: use the rules while it lives.
+ChunkRules chunk_rules(const Manifest& manifest, const pipelines::Pipeline& pipeline,
+                       const std::vector<const JobRequest*>& requests);
+
+// The job's embedding cache, the same on every rank: world rank 0 sweeps it
+// (EmbeddingCache::sweep: every chunk read whole and checked against
+// chunk_rules, each unusable one moved aside with a warning) and every rank
+// indexes the chunks it kept. Collective over the world (`control`).
+// ConfigError on every rank for embeddings/ or its fingerprint folder as a
+// symlink or not a folder.
+std::unique_ptr<EmbeddingCache> open_embedding_cache(const std::string& output_dir, const Manifest& manifest,
+                                                     int tp_size, const std::string& device,
+                                                     const pipelines::Pipeline& pipeline,
+                                                     const std::vector<const JobRequest*>& requests,
+                                                     dist::ControlPlane& control);
 
 // One distinct text a round needs and the requests that need it.
 struct PendingText {
@@ -60,7 +83,8 @@ std::vector<PendingText> pending_texts(const pipelines::Pipeline& pipeline, cons
 // Encodes `pending` on `encoders` (a pipeline loaded with denoiser = false),
 // every rank of the TP group alike (sharded encoders are collective); TP
 // rank 0 writes them as one chunk file (named by `replica` and the keys'
-// hash) and the group agrees on the outcome before every rank indexes it.
+// hash; "-<n>" added when a file of that name is there) and the group agrees
+// on the outcome and the name before every rank indexes it.
 // `agree_stop` (collective over the TP group) is asked before each encode;
 // what was encoded before a stop is written. An I/O error writing the chunk
 // ends the job on every rank of the group.

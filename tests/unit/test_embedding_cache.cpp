@@ -1,9 +1,10 @@
 // The on-disk embedding cache of staged jobs: chunks round-trip bit-exactly
 // with any key bytes, a second cache on the same folder finds them, bad files
-// are skipped with a warning and kept, chunk files are never replaced, and
-// nothing is written outside embeddings/<fingerprint>/. The fingerprint
-// follows the text encoders' and tokenizers' files and the settings, not the
-// transformer's.
+// are skipped with a warning and kept (the sweep moves them aside), chunk
+// files are never replaced, every entry's hash is checked, and nothing is
+// written outside embeddings/<fingerprint>/ (never through a symlink). The
+// fingerprint: test_embedding_fingerprint.cpp.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,17 +12,20 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <regex>
 #include <sstream>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
@@ -40,187 +44,6 @@ using test::TempDir;
 void write_text(const fs::path& path, const std::string& text) {
   fs::create_directories(path.parent_path());
   std::ofstream(path, std::ios::binary) << text;
-}
-
-void write_small_weights(const fs::path& path, float value) {
-  const float data[4] = {value, 1, 2, 3};
-  checkpoint::TensorPayload p;
-  p.name = "w";
-  p.shape = {4};
-  p.data = data;
-  fs::create_directories(path.parent_path());
-  checkpoint::write_safetensors(path.string(), {p}, {}, /*overwrite=*/true);
-}
-
-// A pipeline folder with text_encoder, tokenizer and transformer components,
-// and a sparse weight file over kFingerprintBytesLimit in text_encoder/.
-fs::path make_pipeline(const fs::path& root) {
-  const fs::path m = root / "model";
-  write_text(m / "model_index.json", R"({"_class_name": "FluxPipeline", "_diffusers_version": "0.32.0",
-    "text_encoder": ["transformers", "CLIPTextModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
-    "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": [null, null]})");
-  write_text(m / "text_encoder" / "config.json", R"({"hidden_size": 32})");
-  write_small_weights(m / "text_encoder" / "model-00001-of-00002.safetensors", 0);
-  const fs::path big = m / "text_encoder" / "model-00002-of-00002.safetensors";
-  std::ofstream(big, std::ios::binary).put('x');
-  fs::resize_file(big, kFingerprintBytesLimit + 1);  // sparse: no disk used
-  write_text(m / "tokenizer" / "vocab.json", R"({"a": 0})");
-  write_text(m / "tokenizer" / "merges.txt", "#version: 0.2\n");
-  write_text(m / "transformer" / "config.json", R"({"num_layers": 1})");
-  write_small_weights(m / "transformer" / "diffusion_pytorch_model.safetensors", 0);
-  return m;
-}
-
-std::string fingerprint(const fs::path& model, const std::string& settings = "bf16 tp=1") {
-  return embedding_fingerprint(model.string(), settings);
-}
-
-void bump_mtime(const fs::path& p, int seconds) {
-  fs::last_write_time(p, fs::last_write_time(p) + std::chrono::seconds(seconds));
-}
-
-TEST(EmbeddingFingerprint, FollowsTextEncodersTokenizersAndSettings) {
-  TempDir tmp;
-  const fs::path m = make_pipeline(tmp.path());
-  const std::string base = fingerprint(m);
-  EXPECT_TRUE(std::regex_match(base, std::regex("[0-9a-f]{32}"))) << base;
-  EXPECT_EQ(fingerprint(m), base);
-  EXPECT_NE(fingerprint(m, "fp32 tp=1"), base);
-  EXPECT_NE(fingerprint(m, "bf16 tp=2"), base);
-
-  write_text(m / "text_encoder" / "config.json", R"({"hidden_size": 33})");
-  const std::string config_changed = fingerprint(m);
-  EXPECT_NE(config_changed, base);
-  write_text(m / "text_encoder" / "config.json", R"({"hidden_size": 32})");
-  EXPECT_EQ(fingerprint(m), base);
-
-  write_small_weights(m / "text_encoder" / "model-00001-of-00002.safetensors", 0.5f);  // same size, other bytes
-  EXPECT_NE(fingerprint(m), base);
-  write_small_weights(m / "text_encoder" / "model-00001-of-00002.safetensors", 0);
-  EXPECT_EQ(fingerprint(m), base);
-
-  write_text(m / "tokenizer" / "merges.txt", "#version: 0.2\na b\n");
-  EXPECT_NE(fingerprint(m), base);
-  write_text(m / "tokenizer" / "merges.txt", "#version: 0.2\n");
-  write_text(m / "tokenizer" / "special_tokens_map.json", "{}");  // a new file counts
-  EXPECT_NE(fingerprint(m), base);
-  fs::remove(m / "tokenizer" / "special_tokens_map.json");
-  EXPECT_EQ(fingerprint(m), base);
-}
-
-TEST(EmbeddingFingerprint, LargeWeightFilesBySizeAndMtime) {
-  TempDir tmp;
-  const fs::path m = make_pipeline(tmp.path());
-  const fs::path big = m / "text_encoder" / "model-00002-of-00002.safetensors";
-  const std::string base = fingerprint(m);
-  const auto mtime = fs::last_write_time(big);
-
-  bump_mtime(big, 5);
-  EXPECT_NE(fingerprint(m), base);
-  fs::last_write_time(big, mtime);
-  EXPECT_EQ(fingerprint(m), base);
-
-  fs::resize_file(big, kFingerprintBytesLimit + 2);
-  fs::last_write_time(big, mtime);
-  EXPECT_NE(fingerprint(m), base);
-  fs::resize_file(big, kFingerprintBytesLimit + 1);
-  fs::last_write_time(big, mtime);
-  EXPECT_EQ(fingerprint(m), base);
-
-  {  // same size and mtime, other bytes: a large file's bytes are not read
-    std::fstream f(big, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(1000);
-    f.put('y');
-  }
-  fs::last_write_time(big, mtime);
-  EXPECT_EQ(fingerprint(m), base);
-}
-
-TEST(EmbeddingFingerprint, IgnoresTheTransformerCountsEveryTextEncoder) {
-  TempDir tmp;
-  const fs::path m = make_pipeline(tmp.path());
-  const std::string base = fingerprint(m);
-  write_text(m / "transformer" / "config.json", R"({"num_layers": 2})");
-  write_small_weights(m / "transformer" / "diffusion_pytorch_model.safetensors", 7);
-  write_text(m / "transformer" / "extra.json", "{}");
-  EXPECT_EQ(fingerprint(m), base);
-
-  // A second encoder (text_encoder_2) and a nested tokenizer file both count.
-  write_text(m / "tokenizer" / "sub" / "added_tokens.json", "{}");
-  const std::string nested = fingerprint(m);
-  EXPECT_NE(nested, base);
-  write_text(m / "model_index.json", R"({"_class_name": "FluxPipeline", "_diffusers_version": "0.32.0",
-    "text_encoder": ["transformers", "CLIPTextModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
-    "text_encoder_2": ["transformers", "T5EncoderModel"],
-    "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": [null, null]})");
-  write_text(m / "text_encoder_2" / "config.json", R"({"d_model": 8})");
-  const std::string two = fingerprint(m);
-  EXPECT_NE(two, nested);
-  write_text(m / "text_encoder_2" / "config.json", R"({"d_model": 9})");
-  EXPECT_NE(fingerprint(m), two);
-}
-
-TEST(EmbeddingFingerprint, FollowsLinkedFilesNotOutsideFolders) {
-  TempDir tmp;
-  const fs::path m = make_pipeline(tmp.path());
-  // A file linked from outside the model folder (a Hugging Face snapshot) is followed.
-  write_text(tmp.path() / "blobs" / "abc", "tokenizer bytes");
-  fs::create_symlink(tmp.path() / "blobs" / "abc", m / "tokenizer" / "tokenizer.json");
-  // A folder outside the model folder is not walked; a loop back inside is walked once.
-  write_text(tmp.path() / "elsewhere" / "notes.txt", "one");
-  fs::create_directory_symlink(tmp.path() / "elsewhere", m / "tokenizer" / "outside");
-  fs::create_directory_symlink(m / "tokenizer", m / "tokenizer" / "loop");
-  const std::string base = fingerprint(m);
-  write_text(tmp.path() / "blobs" / "abc", "other tokenizer bytes");
-  EXPECT_NE(fingerprint(m), base);
-  write_text(tmp.path() / "blobs" / "abc", "tokenizer bytes");
-  EXPECT_EQ(fingerprint(m), base);
-  write_text(tmp.path() / "elsewhere" / "notes.txt", "two");
-  EXPECT_EQ(fingerprint(m), base);
-  EXPECT_THROW(fingerprint(tmp.path() / "elsewhere"), CheckpointError);  // not a pipeline folder
-}
-
-// A folder in memory (/dev/shm) where there is one: creating 10,000 files
-// there takes a fraction of a second, against seconds on an overlay /tmp.
-class FastDir {
- public:
-  FastDir() {
-    std::error_code ec;
-    const fs::path shm = "/dev/shm";
-    if (fs::is_directory(shm, ec) && ::access(shm.c_str(), W_OK) == 0) {
-      path_ = shm / ("tprun-test-" + std::to_string(::getpid()) + "-many");
-      fs::create_directories(path_);
-    } else {
-      path_ = tmp_.path();
-    }
-  }
-  ~FastDir() {
-    std::error_code ec;
-    if (path_ != tmp_.path()) fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  TempDir tmp_;
-  fs::path path_;
-};
-
-TEST(EmbeddingFingerprint, RefusesAComponentFolderOfTooManyFiles) {
-  FastDir dir;
-  const fs::path m = make_pipeline(dir.path());
-  const fs::path many = m / "tokenizer" / "many";
-  fs::create_directories(many);
-  // The folder "many" and its files: one entry over the bound.
-  for (int64_t i = 0; i + 3 < kFingerprintMaxFiles; ++i) std::ofstream(many / std::to_string(i));
-  EXPECT_NO_THROW(fingerprint(m));  // vocab.json, merges.txt, many/ and its files: exactly the bound
-  std::ofstream(many / "one-more");
-  try {
-    fingerprint(m);
-    ADD_FAILURE() << "expected a CheckpointError";
-  } catch (const CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find((m / "tokenizer").string()), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("10000"), std::string::npos) << e.what();
-  }
 }
 
 // Captures spdlog's warnings while alive.
@@ -283,7 +106,7 @@ Entries odd_entries() {
         {"t5_tokens_cut", at::scalar_tensor(5, at::kLong)}}},
       {long_key, {{"prompt_embeds", at::randn({2, 3}).to(at::kHalf)}, {"special", special}}},
       {invalid_utf8, {{"ids", at::arange(10, at::kLong).reshape({2, 5}).t()}}},  // non-contiguous
-      {"", {{"empty", at::randn({0, 4})}}},
+      {"", {{"one", at::randn({1, 4})}}},
   };
 }
 
@@ -327,9 +150,12 @@ TEST(EmbeddingCache, NeverReplacesAChunkAndRefusesBadNames) {
   TempDir tmp;
   EmbeddingCache cache(tmp.path().string(), "fp1");
   const Entries first = {{"a", {{"x", at::randn({3})}}}};
-  cache.write_chunk("c.safetensors", first);
-  EXPECT_THROW(cache.write_chunk("c.safetensors", {{"b", {{"x", at::randn({3})}}}}), CheckpointError);
-  EXPECT_FALSE(cache.contains("b"));
+  EXPECT_EQ(cache.write_chunk("c.safetensors", first), "c.safetensors");
+  // The name is taken: written under the next free one, the first file kept.
+  EXPECT_EQ(cache.write_chunk("c.safetensors", {{"b", {{"x", at::randn({3})}}}}), "c-1.safetensors");
+  EXPECT_TRUE(cache.contains("b"));
+  fs::create_directory(fs::path(cache.folder()) / "c-2.safetensors");  // any kind of entry takes a name
+  EXPECT_EQ(cache.write_chunk("c.safetensors", {{"d", {{"x", at::randn({3})}}}}), "c-3.safetensors");
   expect_same(EmbeddingCache(tmp.path().string(), "fp1").get("a"), first[0].second);
   for (const std::string bad : {"../c2.safetensors", "sub/c2.safetensors", ".c2.safetensors", "c2.bin", "",
                                 ".safetensors", "/tmp/c2.safetensors"}) {
@@ -338,24 +164,34 @@ TEST(EmbeddingCache, NeverReplacesAChunkAndRefusesBadNames) {
   EXPECT_THROW(cache.write_chunk("d.safetensors", {{"k", {{"x", at::randn({1})}}}, {"k", {{"x", at::randn({1})}}}}),
                CheckpointError);  // a key twice
   EXPECT_THROW(cache.write_chunk("d.safetensors", {{"k", {}}}), CheckpointError);  // no tensors
+  EXPECT_THROW(cache.write_chunk("d.safetensors", {{"k", {{"x", at::randn({1, 0, 4})}}}}), CheckpointError);  // empty
   EXPECT_THROW(EmbeddingCache(tmp.path().string(), "../up"), CheckpointError);
   EXPECT_THROW(EmbeddingCache((tmp.path() / "missing").string(), "fp1").write_chunk("c.safetensors", first), IoError);
   EXPECT_EQ(all_files(tmp.path()),
-            (std::vector<std::string>{"embeddings", "embeddings/fp1", "embeddings/fp1/c.safetensors"}));
+            (std::vector<std::string>{"embeddings", "embeddings/fp1", "embeddings/fp1/c-1.safetensors",
+                                      "embeddings/fp1/c-2.safetensors", "embeddings/fp1/c-3.safetensors",
+                                      "embeddings/fp1/c.safetensors"}));
 }
 
-TEST(EmbeddingCache, FirstIndexedFileWinsAKey) {
+TEST(EmbeddingCache, AKeyInTwoFilesIsNotTrusted) {
   TempDir tmp;
   EmbeddingCache cache(tmp.path().string(), "fp1");
   const Entries b = {{"k", {{"x", at::full_like(at::randn({2}), 2)}}}};
   const Entries a = {{"k", {{"x", at::full_like(at::randn({2}), 1)}}}, {"other", {{"x", at::randn({2})}}}};
+  const Entries c = {{"third", {{"x", at::randn({2})}}}};
   cache.write_chunk("b.safetensors", b);
   cache.write_chunk("a.safetensors", a);
+  cache.write_chunk("c.safetensors", c);
   expect_same(cache.get("k"), b[0].second);  // indexed first in this cache
   EXPECT_TRUE(cache.contains("other"));
+  WarningLog log;
   EmbeddingCache reopened(tmp.path().string(), "fp1");
-  expect_same(reopened.get("k"), a[0].second);  // "a.safetensors" sorts first
-  EXPECT_EQ(reopened.size(), 2u);
+  EXPECT_EQ(reopened.size(), 1u);  // neither a.safetensors nor b.safetensors
+  EXPECT_TRUE(reopened.contains("third"));
+  EXPECT_NE(log.text().find("is in both"), std::string::npos) << log.text();
+  EXPECT_EQ(EmbeddingCache::sweep(tmp.path().string(), "fp1", {}), std::vector<std::string>{"c.safetensors"});
+  EXPECT_TRUE(fs::exists(fs::path(cache.folder()) / "a.safetensors.bad-1"));
+  EXPECT_TRUE(fs::exists(fs::path(cache.folder()) / "b.safetensors.bad-1"));
 }
 
 // A valid chunk written elsewhere, for corrupting copies.
@@ -391,8 +227,10 @@ TEST(EmbeddingCache, SkipsBadFilesWithOneWarningEach) {
     const float v[2] = {1, 2};
     checkpoint::TensorPayload p0{"0/x", checkpoint::Dtype::F32, {2}, v, "", 0};
     checkpoint::TensorPayload p1{"1/x", checkpoint::Dtype::F32, {2}, v, "", 0};
+    const std::string h = std::string(32, 'a');
     checkpoint::write_safetensors((dir / "f-keys.safetensors").string(), {p0, p1},
-                                  {{"tprun_embeddings", "1"}, {"fingerprint", "fp1"}, {"keys", R"(["p","q","r"])"}});
+                                  {{"tprun_embeddings", "2"}, {"fingerprint", "fp1"}, {"keys", R"(["p","q","r"])"},
+                                   {"hashes", "[\"" + h + "\",\"" + h + "\",\"" + h + "\"]"}});
     checkpoint::write_safetensors((dir / "g-plain.safetensors").string(), {p0}, {});  // not ours
   }
   fs::copy_file(chunk_of(donor, "fp1", other), dir / ".h-left.safetensors.tmp");  // a crashed write's leftover
@@ -432,6 +270,151 @@ TEST(EmbeddingCache, GetNamesAFileThatChangedOrWentAway) {
   }
   fs::remove(file);
   EXPECT_THROW(cache.get("k"), CheckpointError);
+}
+
+std::string read_all(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Rewrites a safetensors file's header JSON through `edit`, keeping its data bytes.
+void edit_header(const fs::path& path, const std::function<void(nlohmann::json&)>& edit) {
+  const std::string bytes = read_all(path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
+  nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n));
+  edit(h);
+  const std::string json = h.dump();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  write_text(path, out + json + bytes.substr(8 + n));
+}
+
+// Every way a chunk can be unusable: the sweep moves each aside once, names it
+// in one warning, keeps the good ones, never follows a link nor opens a FIFO.
+TEST(EmbeddingCache, SweepMovesEveryBadChunkAsideOnce) {
+  TempDir tmp;
+  const fs::path donor = tmp.path() / "donor";
+  const Entries two = {{"p", {{"x", at::randn({1, 3, 4})}}}, {"q", {{"x", at::randn({1, 3, 4})}}}};
+  const Entries good = {{"good", {{"x", at::randn({1, 3, 4})}, {"n", at::scalar_tensor(2, at::kLong)}}}};
+  EmbeddingCache cache(tmp.path().string(), "fp1");
+  cache.write_chunk("m-good.safetensors", good);
+  const fs::path dir = cache.folder();
+  const auto copy = [&](const Entries& e, const std::string& name) {
+    fs::copy_file(chunk_of(donor, "fp1", e), dir / name);
+    return dir / name;
+  };
+  const Entries one_r = {{"r", {{"x", at::randn({1, 3, 4})}}}};
+  const fs::path torn = copy(one_r, "a-torn.safetensors");
+  fs::resize_file(torn, fs::file_size(torn) - 3);
+  write_text(dir / "b-empty.safetensors", "");
+  fs::create_symlink(chunk_of(donor, "fp1", {{"s", {{"x", at::randn({2})}}}}), dir / "c-link.safetensors");
+  fs::create_directory(dir / "d-folder.safetensors");
+  ASSERT_EQ(::mkfifo((dir / "e-fifo.safetensors").c_str(), 0644), 0);
+  write_text(dir / "f-header.safetensors", std::string("\x10\0\0\0\0\0\0\0{\"a\": oops}    ", 24));
+  edit_header(copy(two, "g-swapped.safetensors"), [](nlohmann::json& h) {  // keys swapped
+    auto keys = nlohmann::json::parse(h["__metadata__"]["keys"].get<std::string>());
+    std::swap(keys[0], keys[1]);
+    h["__metadata__"]["keys"] = keys.dump();
+  });
+  edit_header(copy({{"t", {{"x", at::randn({1, 3, 4})}}}}, "h-i32.safetensors"),
+              [](nlohmann::json& h) { h["0/x"]["dtype"] = "I32"; });  // relabelled, same width
+  {  // [1, 0, 4]: no text tokens
+    checkpoint::TensorPayload p{"0/x", checkpoint::Dtype::F32, {1, 0, 4}, nullptr, "", 0};
+    checkpoint::write_safetensors((dir / "i-zero.safetensors").string(), {p},
+                                  {{"tprun_embeddings", "2"}, {"fingerprint", "fp1"}, {"keys", R"(["u"])"},
+                                   {"hashes", "[\"" + std::string(32, '0') + "\"]"}});
+  }
+  {  // a data byte changed, the header intact
+    const fs::path f = copy({{"v", {{"x", at::randn({1, 3, 4})}}}}, "j-bytes.safetensors");
+    std::string b = read_all(f);
+    b[b.size() - 1] ^= 0x40;
+    write_text(f, b);
+  }
+  copy({{"w", {{"y", at::randn({1, 3, 4})}}}}, "k-missing.safetensors");  // no "x", which the rules need
+  copy({{"z", {{"x", at::randn({1, 3, 4}).to(at::kDouble)}}}}, "l-f64.safetensors");  // not the job's dtype
+  copy({{"good", {{"x", at::zeros({1, 3, 4})}, {"n", at::scalar_tensor(2, at::kLong)}}}},
+       "0-same-key.safetensors");  // sorts first, same key as m-good: neither is trusted
+  const Entries other = {{"other", {{"x", at::randn({1, 3, 4})}}}};
+  copy(other, "n-other.safetensors");
+
+  ChunkRules rules;
+  rules.float_dtype = checkpoint::Dtype::F32;
+  rules.check_entry = [](const std::string&, const std::vector<checkpoint::TensorEntry>& tensors) -> std::string {
+    for (const auto& t : tensors) {
+      if (t.name == "x") return "";
+    }
+    return "no 'x' tensor";
+  };
+  WarningLog log;
+  const std::vector<std::string> kept = EmbeddingCache::sweep(tmp.path().string(), "fp1", rules);
+  EXPECT_EQ(kept, std::vector<std::string>{"n-other.safetensors"});
+  const char* bad[] = {"0-same-key", "a-torn", "b-empty", "c-link", "d-folder", "e-fifo", "f-header", "g-swapped",
+                       "h-i32", "i-zero", "j-bytes", "k-missing", "l-f64", "m-good"};
+  for (const char* b : bad) {
+    const fs::path from = dir / (std::string(b) + ".safetensors");
+    EXPECT_FALSE(fs::exists(fs::symlink_status(from))) << b;
+    EXPECT_TRUE(fs::exists(fs::symlink_status(from.string() + ".bad-1"))) << b;
+    EXPECT_EQ(log.count(from.string() + " cannot be used"), 1u) << b << "\n" << log.text();
+  }
+  EXPECT_TRUE(fs::is_symlink(dir / "c-link.safetensors.bad-1"));  // the link moved, its target untouched
+  EXPECT_TRUE(fs::is_fifo(dir / "e-fifo.safetensors.bad-1"));
+  EXPECT_NE(log.text().find("no elements"), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find("does not match its hash"), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find("the job computes in F32"), std::string::npos) << log.text();
+
+  // A second sweep finds nothing to move; a new bad file with the same name goes to .bad-2.
+  EXPECT_EQ(EmbeddingCache::sweep(tmp.path().string(), "fp1", rules), kept);
+  write_text(dir / "b-empty.safetensors", "");
+  EmbeddingCache::sweep(tmp.path().string(), "fp1", rules);
+  EXPECT_TRUE(fs::exists(dir / "b-empty.safetensors.bad-2"));
+
+  // Every rank then indexes exactly what the sweeper kept.
+  EmbeddingCache indexed(tmp.path().string(), "fp1", rules, kept);
+  EXPECT_EQ(indexed.size(), 1u);
+  expect_same(indexed.get("other"), other[0].second);
+  EXPECT_THROW(EmbeddingCache(tmp.path().string(), "fp1", rules, {"a-torn.safetensors"}), CheckpointError);
+}
+
+TEST(EmbeddingCache, GetChecksTheEntryHash) {
+  TempDir tmp;
+  EmbeddingCache cache(tmp.path().string(), "fp1");
+  cache.write_chunk("c.safetensors", {{"k", {{"x", at::randn({4})}}}});
+  const fs::path file = fs::path(cache.folder()) / "c.safetensors";
+  const auto mtime = fs::last_write_time(file);
+  std::string b = read_all(file);
+  b[b.size() - 2] ^= 0x01;  // same size, same mtime below: only the hash sees it
+  write_text(file, b);
+  fs::last_write_time(file, mtime);
+  try {
+    cache.get("k");
+    ADD_FAILURE() << "expected a CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("do not match their hash"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("move it aside"), std::string::npos) << e.what();
+  }
+}
+
+TEST(EmbeddingCache, RefusesSymlinkedFolders) {
+  TempDir tmp;
+  const fs::path out = tmp.path() / "out", elsewhere = tmp.path() / "elsewhere";
+  fs::create_directories(out);
+  fs::create_directories(elsewhere / "fp1");
+  fs::create_directory_symlink(elsewhere, out / "embeddings");
+  EXPECT_THROW(EmbeddingCache(out.string(), "fp1"), ConfigError);
+  EXPECT_THROW(EmbeddingCache::sweep(out.string(), "fp1", {}), ConfigError);
+  fs::remove(out / "embeddings");
+  fs::create_directories(out / "embeddings");
+  fs::create_directory_symlink(elsewhere / "fp1", out / "embeddings" / "fp1");
+  EXPECT_THROW(EmbeddingCache::check_cache_folders(out.string(), "fp1"), ConfigError);
+  fs::remove(out / "embeddings" / "fp1");
+  EmbeddingCache cache(out.string(), "fp1");
+  fs::create_directory_symlink(elsewhere / "fp1", out / "embeddings" / "fp1");  // after the cache opened
+  EXPECT_THROW(cache.write_chunk("c.safetensors", {{"k", {{"x", at::randn({4})}}}}), ConfigError);
+  EXPECT_TRUE(fs::is_empty(elsewhere / "fp1"));
+  fs::remove(out / "embeddings" / "fp1");
+  write_text(out / "embeddings" / "fp1", "a file");
+  EXPECT_THROW(EmbeddingCache::sweep(out.string(), "fp1", {}), ConfigError);
 }
 
 }  // namespace
