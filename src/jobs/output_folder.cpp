@@ -177,14 +177,17 @@ std::string check_output_placement(const Manifest& m) {
   bool ours = false;
   for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name == "results.jsonl" || name == kLockFileName || name == "images" || name == "store") ours = true;
+    if (name == "results.jsonl" || name == kLockFileName || name == "images" || name == "store" ||
+        name == "embeddings") {
+      ours = true;  // embeddings/: a staged run's prompt cache (a rerun may find only that)
+    }
     if (name == "logs") continue;  // per-rank logs (--log-dir OUT/logs) are made before the job starts
     if (example.empty()) example = name;
     ++entries;
   }
   if (entries == 0 || ours) return "";
   return fmt::format("OUTPUT FOLDER {} IS NOT EMPTY and holds no tprun results ({} entries, e.g. '{}'): tprun adds "
-                     "results.jsonl, images/ and store/ next to them. Is this the folder you meant? (--out DIR)",
+                     "results.jsonl, images/, store/ and embeddings/ next to them. Is this the folder you meant? (--out DIR)",
                      m.output_dir, entries, clip_text(example));
 }
 
