@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/pipeline_folder.h"
 #include "jobs/output_folder.h"
 #include "memory/memory_table.h"
 #include "memory/strict_toml.h"
@@ -293,12 +294,20 @@ void check_defaults(const Manifest& m, const pipelines::RequestOptions& options)
 void check_defaults(const Manifest& m) { check_defaults(m, pipelines::request_options(m.model)); }
 
 void check_paths(const Manifest& m) {
-  if (!fs::is_regular_file(fs::path(m.model) / "model_index.json")) {
+  if (!checkpoint::is_pipeline_folder(m.model)) {  // a stat error other than "missing" is said as it is
     throw ConfigError(fmt::format("{}: model: {} is not a pipeline folder (no model_index.json)", m.path, m.model),
                       true);
   }
-  if (!fs::is_regular_file(m.requests)) {
+  std::error_code ec;
+  const auto requests = fs::status(m.requests, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+    throw ConfigError(fmt::format("{}: requests: {}: {}", m.path, m.requests, ec.message()), true);
+  }
+  if (!fs::exists(requests)) {
     throw ConfigError(fmt::format("{}: requests: {}: no such file", m.path, m.requests), true);
+  }
+  if (!fs::is_regular_file(requests)) {
+    throw ConfigError(fmt::format("{}: requests: {} is not a regular file", m.path, m.requests), true);
   }
 
   // The offload folders are written to: never inside the model folder, never an input.
