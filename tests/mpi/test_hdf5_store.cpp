@@ -27,6 +27,8 @@ TEST(Hdf5Store, RanksWriteTheirOwnRequests) {
   MPI_Bcast(&n, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   dir.resize(n);
   MPI_Bcast(dir.data(), static_cast<int>(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (rank == 0) fs::create_directories(dir);  // the job's output folder exists before its store/ is made
+  MPI_Barrier(MPI_COMM_WORLD);
 
   std::vector<JobRequest> reqs(6);
   std::vector<StoreRequest> srs;

@@ -72,7 +72,7 @@ def run(args, np_=1, timeout=300, env=None):
 
 
 def generate_args(folder, out, prompt="a red fox", extra=()):
-    return ["generate", "--model", folder, "--prompt", prompt, "--height", "64", "--width", "64", "--steps", "1",
+    return ["generate", "--model", folder, "--prompt", prompt, "--height", "64", "--width", "64", "--steps", "2",
             "--out", out, *extra]
 
 
@@ -115,7 +115,7 @@ def write_manifest(work, name, model, body, requests=None):
     path = os.path.join(work, f"{name}.toml")
     with open(path, "w") as f:
         f.write(f'model = "{model}"\ndtype = "fp32"\nrequests = "{req}"\n\n[parallel]\ntp = 2\ndp = 1\n\n'
-                f'[defaults]\nheight = 64\nwidth = 64\nsteps = 1\n\n{body}\n[output]\n'
+                f'[defaults]\nheight = 64\nwidth = 64\nsteps = 2\n\n{body}\n[output]\n'
                 f'dir = "{os.path.join(work, name + "-out")}"\nformats = ["png"]\n')
     return path, os.path.join(work, name + "-out")
 
