@@ -52,6 +52,8 @@ void check_comm_timeout(double seconds) {
 
 // Every rank parses the same command line, so this error is the same on all ranks. Whether NCCL can
 // be used depends on the device each rank finds: the Session decides that (dist/session.cpp).
+constexpr int kMaxThreads = 4096;  // CPU threads per rank: more than any node has cores
+
 dist::CommChoice comm_choice(const std::string& name) {
   const auto choice = dist::comm_choice_from_name(name);
   if (!choice) throw ConfigError(fmt::format("--comm {}: must be auto, nccl or mpi", name), true);
@@ -64,6 +66,11 @@ SessionOptions session_options_from(const po::variables_map& vm) {
   SessionOptions o;
   o.device = vm["device"].as<std::string>();
   o.threads = vm["threads"].as<int>();
+  if (o.threads < 0 || o.threads > kMaxThreads) {
+    throw ConfigError(
+        fmt::format("--threads {}: must be 0 (split the node's CPUs between its ranks) or 1-{}", o.threads, kMaxThreads),
+        true);
+  }
   o.log_level = vm["log-level"].as<std::string>();
   if (!o.log_level.empty()) check_log_level(o.log_level, "--log-level");
   o.log_dir = vm["log-dir"].as<std::string>();

@@ -10,6 +10,8 @@
 #                        and "No space left on device", no HDF5 error stack on the console (root only:
 #                        it mounts a tmpfs; elsewhere it says SKIP and passes)
 #   comm_timeout_values  --comm-timeout -1, nan, inf, 1e-9, 1e300 (once silently "no deadline"): config
+#   threads_values       --threads -1, 4097, 2147483647 (once accepted: env reported 2147483647 threads): config
+#                        error naming --threads; 0, 1, 2 run
 #                        errors naming the option; 0 (documented: no deadline), 0.5 and 1800 run
 #   memory_toml_syntax   --memory with a TOML syntax error: the parse error and its column, not
 #                        "is not a strategy"
@@ -177,6 +179,16 @@ comm_timeout_values)
   done
   for v in 0 0.5 1800; do
     run 60 "$mpirun" -np 1 "$tprun" env --comm-timeout="$v"
+    expect_exit 0
+  done
+  ;;
+threads_values)
+  for v in -1 4097 2147483647; do
+    run 60 "$mpirun" -np 1 "$tprun" env --threads="$v"
+    expect_exit 3 "--threads"
+  done
+  for v in 0 1 2; do
+    run 60 "$mpirun" -np 1 "$tprun" env --threads="$v"
     expect_exit 0
   done
   ;;
