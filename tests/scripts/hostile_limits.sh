@@ -10,9 +10,9 @@
 #                        and "No space left on device", no HDF5 error stack on the console (root only:
 #                        it mounts a tmpfs; elsewhere it says SKIP and passes)
 #   comm_timeout_values  --comm-timeout -1, nan, inf, 1e-9, 1e300 (once silently "no deadline"): config
+#                        errors naming the option; 0 (documented: no deadline), 0.5 and 1800 run
 #   threads_values       --threads -1, 4097, 2147483647 (once accepted: env reported 2147483647 threads): config
 #                        error naming --threads; 0, 1, 2 run
-#                        errors naming the option; 0 (documented: no deadline), 0.5 and 1800 run
 #   memory_toml_syntax   --memory with a TOML syntax error: the parse error and its column, not
 #                        "is not a strategy"
 #   int64_message        INT64_MAX in a number field of a manifest or request is printed as written (not
