@@ -24,6 +24,7 @@
 #include "checkpoint/safetensors_writer.h"
 #include "checkpoint/torch_dtype.h"
 #include "jobs/embedding_chunk_format.h"
+#include "jobs/output_folder.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
@@ -117,20 +118,6 @@ void make_dir(const std::string& path, const std::string& parent) {
   struct stat st {};
   if (err != EEXIST || ::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     throw_io_error("cannot create the folder", path, err);
-}
-
-// rename(2) that never replaces `to`: 0, or the errno (EEXIST: `to` exists).
-int rename_no_replace(const std::string& from, const std::string& to) {
-  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
-  int err = errno;
-  if (err == EINVAL || err == ENOSYS) {  // a file system without RENAME_NOREPLACE: link(2) refuses an existing name too
-    if (::link(from.c_str(), to.c_str()) == 0) {
-      ::unlink(from.c_str());
-      return 0;
-    }
-    err = errno;
-  }
-  return err;
 }
 
 // Renames an unusable chunk to "<path>.bad-<n>" (the lowest n free) with one

@@ -194,6 +194,11 @@ bool is_output_temp(const std::string& name);
 // `tmp` is gone afterwards in every case. IoError for a failed rename.
 void place_output_file(const std::string& tmp, const std::string& path, OutputKind kind);
 
+// rename(2) that never replaces `to`: RENAME_NOREPLACE, or link(2) + unlink
+// where the file system lacks the flag. 0, or the errno (EEXIST: `to` exists;
+// `from` stays in place on any failure).
+int rename_no_replace(const std::string& from, const std::string& to);
+
 // Puts `tmp` at `path` only when nothing is there (RENAME_NOREPLACE, else
 // link(2)): a name that is taken is a ConfigError naming it ("tprun never
 // replaces a file it did not write"). `tmp` is gone afterwards in every case.

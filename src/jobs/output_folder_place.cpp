@@ -113,28 +113,32 @@ int rename_flags(const std::string& from, const std::string& to, unsigned flags)
 
 // `tmp` at `path` only if nothing is there: true when placed, false when a file is there.
 bool place_new(const std::string& tmp, const std::string& path) {
-  int err = rename_flags(tmp, path, RENAME_NOREPLACE);
+  int err = rename_no_replace(tmp, path);
   if (err == 0) return true;
   if (err == EEXIST) return false;
-  if (err == EINVAL || err == ENOSYS) {  // no RENAME_NOREPLACE on this file system: link(2) refuses an existing name too
-    if (::link(tmp.c_str(), path.c_str()) == 0) {
-      ::unlink(tmp.c_str());
-      return true;
-    }
+  if (err == EPERM || err == EOPNOTSUPP || err == EMLINK) {  // no hard links either: checked, then renamed
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) return false;
+    if (::rename(tmp.c_str(), path.c_str()) == 0) return true;
     err = errno;
-    if (err == EEXIST) return false;
-    if (err == EPERM || err == EOPNOTSUPP || err == EMLINK) {  // no hard links either: checked, then renamed
-      struct stat st {};
-      if (::lstat(path.c_str(), &st) == 0) return false;
-      if (::rename(tmp.c_str(), path.c_str()) == 0) return true;
-      err = errno;
-    }
   }
   ::unlink(tmp.c_str());
   throw_io_error(fmt::format("cannot rename {} to", tmp), path, err);
 }
 
 }  // namespace
+
+int rename_no_replace(const std::string& from, const std::string& to) {
+  int err = rename_flags(from, to, RENAME_NOREPLACE);
+  if (err == EINVAL || err == ENOSYS) {  // no RENAME_NOREPLACE on this file system: link(2) refuses an existing name too
+    if (::link(from.c_str(), to.c_str()) == 0) {
+      ::unlink(from.c_str());
+      return 0;
+    }
+    err = errno;
+  }
+  return err;
+}
 
 void place_output_file(const std::string& tmp, const std::string& path, OutputKind kind) {
   if (place_new(tmp, path)) return;
