@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """The diffusers side of `tools/bench_batch --flux2-klein` and `--qwen-image`, and the image check.
 
-  bench_diffusers_flux2.py run FOLDER REQUESTS.jsonl OUT --height H --width W --steps N
-                           [--pipeline flux2-klein|qwen-image] [--guidance G] [--true-cfg-scale S]
-                           --max-sequence-length L [--threads T] [--shard I/N]
+  python tools/py/bench_batch_diffusers.py run FOLDER REQUESTS.jsonl OUT --height H --width W --steps N
+                                               [--pipeline flux2-klein|qwen-image] [--guidance G] [--true-cfg-scale S]
+                                               --max-sequence-length L [--threads T] [--shard I/N]
       Flux2KleinPipeline (default; --guidance required: its CFG scale) or QwenImagePipeline
       (--true-cfg-scale, default 4.0 as diffusers': true CFG for the requests that carry a
       "negative_prompt", a plain conditional pass for the others, as the pipeline decides)
@@ -13,7 +12,7 @@
       OUT/images/<id>.png as a PIL image (uint8, diffusers' own numpy_to_pil rounding). Prints one
       JSON line: seconds for the imports, the load and the loop, and images made. The whole-process
       wall time (interpreter start to exit) is measured by the caller.
-  bench_diffusers_flux2.py compare DIR_A DIR_B [ID ...]
+  python tools/py/bench_batch_diffusers.py compare DIR_A DIR_B [ID ...]
       Max abs difference of the uint8 RGB images DIR_A/<id>.png and DIR_B/<id>.png (every PNG of
       DIR_A when no id is given); prints one JSON line, exit 1 if an image is missing or its shape
       differs.
@@ -89,7 +88,7 @@ def compare(args):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("folder")

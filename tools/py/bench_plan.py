@@ -1,0 +1,107 @@
+"""tools/bench_plan's measurement: `tprun plan --json` on sparse pipeline folders for every world
+size and memory per device; prints the chosen plan per cell (projected gain against keeping every
+component resident with the smallest tp that fits) and the time of each call, wall and CPU.
+
+  python tools/py/bench_plan.py WORKDIR --archs "A B" --worlds "1 2 4 8" --memory "24GB 80GB"
+                                [--device cuda]
+
+WORKDIR/<arch> are the folders tools/make_sparse_pipeline.py wrote; the binary is TPRUN_BIN /
+TPRUN_BUILD_DIR/bin/tprun (tools/py/tprun_tools.py). tools/bench_plan runs this.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tprun_tools  # noqa: E402
+
+NAMES = {"flux1-dev": "FLUX.1 [dev]", "flux2-klein-4b": "FLUX.2 [klein] 4B", "flux2-klein-9b": "FLUX.2 [klein] 9B",
+         "flux2-dev": "FLUX.2 [dev]"}
+
+
+def timed(cmd):
+    """(stdout, exit code, wall seconds, CPU seconds of the process)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return out.stdout, out.returncode, wall, cpu
+
+
+def plan(tprun, work, arch, world, memory, device):
+    """The planner's JSON (None where it printed none), wall seconds, CPU seconds of the process, exit code."""
+    text, code, wall, cpu = timed([
+        tprun, "plan", "--model", os.path.join(work, arch), "--world", str(world), "--device-memory", memory,
+        "--device", device, "--dtype", "bf16", "--height", "1024", "--width", "1024", "--batch", "1", "--json",
+        "--log-level", "error"])
+    text = text.strip()
+    return (json.loads(text) if text.startswith("{") else None), wall, cpu, code
+
+
+def cell(p, world):
+    """One table cell: tp x dp, phases and the projected gain, or why there is none."""
+    if p is None:
+        return "(no output)"
+    chosen = p.get("chosen")
+    if not chosen:
+        return "does not fit"
+    resident = [c["tp"] for c in p["candidates"] if c["stages"] == "together" and c["fits"]]
+    gain = f"{chosen['dp'] / (world // min(resident)):.2f}x" if resident else "only staged fits"
+    return f"{chosen['tp']}x{chosen['dp']} {chosen.get('auto_stages', chosen['stages'])} ({gain})"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("work")
+    ap.add_argument("--archs", required=True, help="space-separated make_sparse_pipeline.py --arch names")
+    ap.add_argument("--worlds", required=True, help="space-separated world sizes")
+    ap.add_argument("--memory", required=True, help="space-separated memory per device (tprun plan --device-memory)")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    tprun, work, device = tprun_tools.tprun_binary(), args.work, args.device
+    archs, worlds, memories = args.archs.split(), [int(w) for w in args.worlds.split()], args.memory.split()
+
+    times, rows = {}, []
+    for arch in archs:
+        for memory in memories:
+            cells = []
+            for world in worlds:
+                p, wall, cpu, code = plan(tprun, work, arch, world, memory, device)
+                times.setdefault(arch, []).append((wall, cpu))
+                cells.append(cell(p, world))
+            rows.append((arch, memory, cells))
+
+    print(f"Chosen plan per cell: tp x dp, phases (projected throughput against the smallest tp that fits with "
+          f"every component resident: dp_chosen / dp_resident); bf16, 1024x1024, batch 1, --device {device}\n")
+    tprun_tools.table(["pipeline", "memory per device"] + [f"world {w}" for w in worlds],
+                      [[NAMES.get(arch, arch), memory] + cells for arch, memory, cells in rows])
+    print("\n`tprun plan` per call (whole process), over the "
+          f"{len(worlds) * len(memories)} calls of each pipeline:\n")
+    tprun_tools.table_header(["pipeline", "wall s median", "wall s max", "CPU s median", "CPU s max",
+                              "target (< 2 s, FLUX.2 [dev]): median / max"])
+    for arch in archs:
+        w = [t[0] for t in times[arch]]
+        c = [t[1] for t in times[arch]]
+        verdict = lambda x: "met" if x < 2 else "not met"  # noqa: E731
+        target = f"{verdict(statistics.median(w))} / {verdict(max(w))}" if arch == "flux2-dev" else "-"
+        tprun_tools.table_row([NAMES.get(arch, arch), f"{statistics.median(w):.2f}", f"{max(w):.2f}",
+                               f"{statistics.median(c):.2f}", f"{max(c):.2f}", target])
+    # The floor: starting the process (libtorch's libraries) and parsing the options, no planning.
+    floor = [timed([tprun, "plan", "--help"])[2:] for _ in range(5)]
+    tprun_tools.table_row(["(process start: `tprun plan --help`, 5 calls)", f"{statistics.median(t[0] for t in floor):.2f}",
+                           f"{max(t[0] for t in floor):.2f}", f"{statistics.median(t[1] for t in floor):.2f}",
+                           f"{max(t[1] for t in floor):.2f}", "-"])
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[0]
+    print(f"\nload average at the end: {load} (2 cores: wall times above the CPU times are waiting)")
+
+
+if __name__ == "__main__":
+    main()
