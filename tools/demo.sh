@@ -6,9 +6,10 @@
 #   3. `mpirun -np 4 --bind-to none tprun run jobs/demo.toml`: a dozen prompts over 2
 #      data-parallel replicas x tp 2 (rerunning resumes: finished images are kept);
 #   4. prints where the images and results are.
-# $TPRUN_DEMO_DIR defaults to build/demo. Extra arguments go to `tprun run`
-# (e.g. --set defaults.steps=8, --retry-failed).
+#   tools/demo.sh [tprun run options]   e.g. --set defaults.steps=8, --retry-failed
+# $TPRUN_DEMO_DIR defaults to build/demo.
 set -euo pipefail
+for a in "$@"; do case $a in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac; done
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/tools/setup.sh"
 "$root/tools/build.sh" tprun

@@ -21,7 +21,9 @@
 # folders hidden in a private mount namespace where `unshare` allows it).
 #   tools/gpu-bundle.sh            build, pack, check
 #   tools/gpu-bundle.sh --no-check build and pack only
+#   tools/gpu-bundle.sh --help     this text
 set -euo pipefail
+for a in "$@"; do case $a in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac; done
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${TPRUN_BUILD_DIR:-$root/build}
 venv=${TPRUN_VENV:-$HOME/.cache/tprun/venv}

@@ -32,9 +32,10 @@ import subprocess
 import sys
 import tempfile
 
-import torch
+sys.dont_write_bytecode = True  # --help and the tools leave no __pycache__ in the checkout
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "py"))
+import tprun_tools  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Qwen3-0.6B's config.json (Qwen/Qwen3-0.6B), but for the vocabulary.
 QWEN3_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -63,6 +64,7 @@ def tiny_klein(tprun, where):
 
 
 def build_pipeline(tiny, seed):
+    import torch
     from diffusers import (AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline,
                            Flux2Transformer2DModel)
     from transformers import Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -81,10 +83,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tprun", default=os.path.join(os.environ.get("TPRUN_BUILD_DIR", os.path.join(ROOT, "build")),
-                                                    "bin", "tprun"))
+    ap.add_argument("--tprun", default=tprun_tools.tprun_binary(), help="default: TPRUN_BIN, TPRUN_BUILD_DIR/bin/tprun")
     ap.add_argument("--force", action="store_true", help="replace OUT when it exists")
     args = ap.parse_args()
+    tprun_tools.use_venv()
     if os.path.exists(args.out) and os.listdir(args.out):
         if not args.force:
             sys.exit(f"{args.out} exists and is not empty (--force replaces it)")

@@ -35,8 +35,11 @@ import argparse
 import json
 import os
 import struct
+import sys
 
-import torch
+sys.dont_write_bytecode = True  # --help and the tools leave no __pycache__ in the checkout
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "py"))
+import tprun_tools  # noqa: E402
 
 # diffusers transformers: (class name, constructor arguments). Block counts
 # come from --layers / --single-layers when given.
@@ -102,17 +105,18 @@ def mistral_small_24b(layers):
                          tie_word_embeddings=False)
     return "Mistral3ForConditionalGeneration", cfg
 
-DTYPES = {"bf16": (torch.bfloat16, "BF16", 2), "fp16": (torch.float16, "F16", 2), "fp32": (torch.float32, "F32", 4)}
+# --dtype: torch's dtype (by name), safetensors' dtype, element size.
+DTYPES = {"bf16": ("bfloat16", "BF16", 2), "fp16": ("float16", "F16", 2), "fp32": ("float32", "F32", 4)}
 # Tensors that keep their own dtype whatever --dtype says (BatchNorm's
 # num_batches_tracked): safetensors dtype and element size.
-KEPT_DTYPES = {torch.int64: ("I64", 8), torch.int32: ("I32", 4), torch.uint8: ("U8", 1), torch.bool: ("BOOL", 1)}
+KEPT_DTYPES = {"torch.int64": ("I64", 8), "torch.int32": ("I32", 4), "torch.uint8": ("U8", 1), "torch.bool": ("BOOL", 1)}
 
 
 def state_entry(name, tensor):
     """(name, shape) of a floating-point tensor (written in --dtype), else (name, shape, (dtype, size))."""
     if tensor.is_floating_point():
         return (name, tuple(tensor.shape))
-    return (name, tuple(tensor.shape), KEPT_DTYPES[tensor.dtype])
+    return (name, tuple(tensor.shape), KEPT_DTYPES[str(tensor.dtype)])
 
 
 def entry_type(entry, st_dtype, elem):
@@ -171,10 +175,11 @@ def meta_state(args):
 def transformers_meta_state(cls_name, cfg, dtype):
     """A transformers model built on the meta device from cfg: ([state_entry] in the order
     save_pretrained writes them, the config's save_pretrained, total parameters)."""
+    import torch
     import transformers
     from transformers.modeling_utils import remove_tied_weights_from_state_dict, revert_weight_conversion
     cfg.architectures = [cls_name]
-    cfg.dtype = DTYPES[dtype][0]
+    cfg.dtype = getattr(torch, DTYPES[dtype][0])
     with torch.device("meta"):
         model = getattr(transformers, cls_name)(cfg)
     # What save_pretrained writes: tied copies removed, the in-memory key mapping reverted.
@@ -187,6 +192,7 @@ def diffusers_meta_state(cls_name, cfg):
     """A diffusers model built on the meta device from its constructor arguments:
     ([state_entry] in state_dict order, its save_config)."""
     import diffusers
+    import torch
     with torch.device("meta"):
         model = getattr(diffusers, cls_name)(**cfg)
     return [state_entry(k, v) for k, v in model.state_dict().items()], model.save_config
@@ -232,7 +238,7 @@ def write_checkpoint(out, state, save_config, stem, parameters, limit, dtype):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--arch", default="flux1-dev", choices=list(ARCHS) + list(TRANSFORMERS_ARCHS))
     ap.add_argument("--layers", type=int, default=None,
@@ -241,6 +247,7 @@ def main():
     ap.add_argument("--max-shard-size", default=None, help="default 10GB (diffusers), 5GB (transformers models)")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     args = ap.parse_args()
+    tprun_tools.use_venv()
     cls_name, state, save_config, stem, parameters, what = meta_state(args)
     limit = parse_size(args.max_shard_size or ("5GB" if args.arch in TRANSFORMERS_ARCHS else "10GB"))
     total, shards = write_checkpoint(args.out, state, save_config, stem, parameters, limit, args.dtype)

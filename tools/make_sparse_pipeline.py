@@ -42,10 +42,12 @@ import subprocess
 import sys
 import tempfile
 
+sys.dont_write_bytecode = True  # --help and the tools leave no __pycache__ in the checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "py"))
 import make_sparse_checkpoint as msc  # noqa: E402
+import tprun_tools  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIFFUSERS_SHARD = msc.parse_size("10GB")  # diffusers' save_pretrained default
 TRANSFORMERS_SHARD = msc.parse_size("5GB")  # as the published text encoders are sharded
 
@@ -134,10 +136,10 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--arch", required=True, choices=list(PIPELINES))
     ap.add_argument("--dtype", default="bf16", choices=sorted(msc.DTYPES))
-    ap.add_argument("--tprun", default=os.path.join(os.environ.get("TPRUN_BUILD_DIR", os.path.join(ROOT, "build")),
-                                                    "bin", "tprun"))
+    ap.add_argument("--tprun", default=tprun_tools.tprun_binary(), help="default: TPRUN_BIN, TPRUN_BUILD_DIR/bin/tprun")
     ap.add_argument("--force", action="store_true", help="replace OUT when it exists")
     args = ap.parse_args()
+    tprun_tools.use_venv()
     if os.path.exists(args.out) and os.listdir(args.out):
         if not args.force:
             sys.exit(f"{args.out} exists and is not empty (--force replaces it)")

@@ -8,6 +8,7 @@
 #     diffusers/transformers/safetensors. Rebuilt only when
 #     tools/requirements.txt changes; pip's cache is kept between runs.
 set -euo pipefail
+for a in "$@"; do case $a in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac; done
 here=$(cd "$(dirname "$0")" && pwd)
 venv=${TPRUN_VENV:-$HOME/.cache/tprun/venv}
 

@@ -10,6 +10,7 @@
 #                                SIGKILL after a timeout), kill stray slurmstepd
 #   tools/slurm-local.sh status  daemons + sinfo (stdout); exit 0 if up, else 1
 #   tools/slurm-local.sh env     prints `export SLURM_CONF=...` when up
+#   tools/slurm-local.sh --help  this text
 #
 # Everything lives in ${TPRUN_SLURM_DIR:-/tmp/tprun-slurm}: slurm.conf, the
 # munge key/socket, pid files, logs (log/), controller state and slurmd spool.
@@ -260,6 +261,7 @@ case ${1:-} in
 up) up ;;
 down) down ;;
 status) status ;;
+-h | --help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0" ;;
 env) if status >/dev/null 2>&1; then print_env; else say "not up; run: $0 up"; exit 1; fi ;;
-*) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+*) echo "usage: $0 up|down|status|env|--help" >&2; exit 2 ;;
 esac

@@ -8,6 +8,7 @@
 #      `unshare` is allowed; without it the run still happens and the report says so.
 # usage: check_bundle.sh BUNDLE_DIR PYTHON   (PYTHON: one with torch, diffusers and safetensors)
 set -euo pipefail
+for a in "$@"; do case $a in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac; done
 bundle=$(cd "$1" && pwd) py=$2
 check=$(dirname "$bundle")/gpu-bundle-check
 rm -rf "$check" && mkdir -p "$check/unpacked"

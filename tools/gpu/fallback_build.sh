@@ -5,6 +5,7 @@
 # headers); says which is missing. The results replace WORK/bin/.
 # usage: fallback_build.sh WORK      (TPRUN_GPU_PYTHON: the python with torch, default python3)
 set -euo pipefail
+for a in "$@"; do case $a in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac; done
 work=$(cd "$1" && pwd)
 py=${TPRUN_GPU_PYTHON:-python3}
 src=$work/src dev=$work/dev b=$work/build-host arch=x86_64-linux-gnu

@@ -9,6 +9,7 @@
 #                             links to the bundle's lib/ copies; GoogleTest's static libraries
 # usage: pack_dev.sh BUILD_DIR DEST   (DEST beside the bundle's lib/: PAYLOAD/dev)
 set -euo pipefail
+for a in "$@"; do case $a in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac; done
 build=$1 dest=$2
 mkdir -p "$dest/usr" "$dest/bin"
 arch=x86_64-linux-gnu

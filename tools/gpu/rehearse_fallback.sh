@@ -7,6 +7,7 @@
 # cores); --full builds tprun and tprun_mpi_tests and runs `tprun --version` (a full build).
 # Needs root or user namespaces (`unshare -m`).
 set -euo pipefail
+for a in "$@"; do case $a in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac; done
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${TPRUN_BUILD_DIR:-$root/build}
 py=${TPRUN_VENV:-$HOME/.cache/tprun/venv}/bin/python

@@ -9,7 +9,7 @@
 #   run.sh --build            build tprun from the carried sources first, even where the prebuilt
 #                             binaries start (the fallback is automatic where they do not)
 # Options: --python PY (default python3: the one with torch), --limit SECONDS (default 480),
-#          --work DIR (default /tmp/tprun-gpu-check; emptied first).
+#          --work DIR (default /tmp/tprun-gpu-check; emptied first), --help (this text).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 device=cuda limit=480 py=python3 force_build=0 work=/tmp/tprun-gpu-check step_name=""
@@ -21,6 +21,7 @@ while [ $# -gt 0 ]; do
     --work) work=$2; shift 2 ;;
     --build) force_build=1; shift ;;
     --step) step_name=$2; shift 2 ;;  # internal: one step, in a child under `timeout`
+    -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see the header of this file)" >&2; exit 2 ;;
   esac
 done

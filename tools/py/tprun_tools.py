@@ -43,6 +43,20 @@ def venv_python():
     return os.path.join(venv_dir(), "bin", "python")
 
 
+def use_venv(module="torch"):
+    """Re-runs this script under the venv's python where `module` cannot be imported here (a
+    tool started as `tools/x.py` gets the system's python3). Call it after argument parsing, so
+    that --help needs nothing but python3."""
+    import importlib.util
+    if importlib.util.find_spec(module) is not None:
+        return
+    py = venv_python()
+    if os.path.realpath(sys.executable) == os.path.realpath(py) or not os.path.exists(py):
+        sys.exit(f"{os.path.basename(sys.argv[0])}: needs the Python package {module!r}: run tools/setup.sh, "
+                 f"or run this with the python of the venv it makes ({py}; TPRUN_VENV)")
+    os.execv(py, [py] + sys.argv)
+
+
 def build_dir():
     """$TPRUN_BUILD_DIR, default build/ in the checkout."""
     return os.environ.get("TPRUN_BUILD_DIR") or os.path.join(ROOT, "build")
