@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what tprun needs on a Debian 12 machine; idempotent and quiet when
 # nothing is missing. Called by tools/test.sh and tools/demo.sh.
+#   tools/setup.sh        (no arguments; TPRUN_VENV: where the venv goes)
 #   * Debian packages: compilers (and patchelf, xz for tools/gpu-bundle.sh), Open MPI, parallel HDF5, spdlog, Boost,
 #     GoogleTest, nlohmann-json, toml++, sentencepiece, libpng, ccache, clang.
 #   * A Python virtual environment outside the checkout ($TPRUN_VENV, default

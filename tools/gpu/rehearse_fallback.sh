@@ -6,6 +6,7 @@
 # and compiles one object of each layer that includes a bundled library's headers (about a minute on 2
 # cores); --full builds tprun and tprun_mpi_tests and runs `tprun --version` (a full build).
 # Needs root or user namespaces (`unshare -m`).
+#   usage: tools/gpu/rehearse_fallback.sh [--full]
 set -euo pipefail
 for a in "$@"; do case $a in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac; done
 root=$(cd "$(dirname "$0")/../.." && pwd)

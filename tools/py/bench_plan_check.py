@@ -13,6 +13,7 @@ import json
 import os
 import sys
 
+sys.dont_write_bytecode = True  # --help and the tools leave no __pycache__ in the checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tprun_tools  # noqa: E402
 
