@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The documentation's links resolve: every relative link `](path)` or `](path#anchor)` in README.md,
-docs/*.md, jobs/README.md and slurm/README.md names a file of the checkout and, for a Markdown target
+docs/*.md, jobs/README.md, slurm/README.md and tools/README.md names a file of the checkout and, for a Markdown target
 with an anchor, a heading with that anchor (GitHub's rule: lower case, punctuation dropped, spaces as
 hyphens, -1, -2 ... for repeats). Links outside the repository (http:, https:, ../ past the root)
 are refused: the documentation must state what a user needs itself.
@@ -30,7 +30,7 @@ def heading_anchors(path):
 
 def main():
     root = os.path.realpath(sys.argv[1] if len(sys.argv) > 1 else ".")
-    files = ["README.md", "jobs/README.md", "slurm/README.md"] + sorted(
+    files = ["README.md", "jobs/README.md", "slurm/README.md", "tools/README.md"] + sorted(
         os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "docs", "*.md")))
     problems, links = [], 0
     for rel in files:
