@@ -13,13 +13,12 @@ for a in "$@"; do case $a in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; 
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/tools/setup.sh"
 "$root/tools/build.sh" tprun
-tprun="${TPRUN_BUILD_DIR:-$root/build}/bin/tprun"
+eval "$(python3 -B "$root/tools/py/tprun_tools.py" shell)"  # tprun, mpirun (tools/README.md)
 demo=${TPRUN_DEMO_DIR:-$root/build/demo}
 mkdir -p "$demo"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if [ ! -f "$demo/model/model_index.json" ]; then
   "$tprun" init-model "$demo/model" --arch flux --preset tiny
 fi
-mpirun -np 4 --oversubscribe --bind-to none "$tprun" run "$root/jobs/demo.toml" --set "model=\"$demo/model\"" --out "$demo/out" \
+"${mpirun[@]}" -np 4 --bind-to none "$tprun" run "$root/jobs/demo.toml" --set "model=\"$demo/model\"" --out "$demo/out" \
   --log-dir "$demo/logs" "$@"
 echo "demo: images in $demo/out/images, results in $demo/out/results.jsonl (model $demo/model, logs $demo/logs)"
