@@ -131,9 +131,10 @@ def make_inputs(cls, cfg, grid, txt, seed):
 def run_tprun(np_, threads, model_dir, inputs_path, dtype, n, out):
     """`tprun bench step` on np_ ranks: its JSON line (median_s, gflops, ...)."""
     tprun_tools.wait_idle()
-    cmd = tprun_tools.mpirun(np_, [tprun_tools.tprun_binary(), "bench", "step",
-           "--model", model_dir, "--inputs", inputs_path, "--dtype", dtype, "--iters", str(n), "--warmup", "1",
-           "--threads", str(threads), "--log-dir", "", "--log-level", "warn", "--out", out])
+    cmd = tprun_tools.mpirun(np_, [
+        tprun_tools.tprun_binary(), "bench", "step", "--model", model_dir, "--inputs", inputs_path, "--dtype", dtype,
+        "--iters", str(n), "--warmup", "1", "--threads", str(threads), "--log-dir", "", "--log-level", "warn",
+        "--out", out])
     r = subprocess.run(cmd, capture_output=True, text=True, env=tprun_tools.mpi_env())
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)}: exit {r.returncode}\n{(r.stdout + r.stderr)[-3000:]}")
@@ -167,7 +168,6 @@ def run_diffusers(cls, model_dir, inputs, dtype, n):
             times.append(time.perf_counter() - t0)
     del model
     return statistics.median(times), out.float()
-
 
 
 def measure(work, s, cases):
