@@ -105,7 +105,7 @@ TEST(Hdf5Store, FrameSequencesAndImagesSideBySide) {
   if (rank == 0) fs::create_directories(dir);
   MPI_Barrier(MPI_COMM_WORLD);
 
-  const int64_t h = 4, w = 6;
+  const hsize_t h = 4, w = 6;
   std::vector<JobRequest> reqs(3);
   std::vector<StoreRequest> srs;
   const int64_t frames[] = {1, 5, 0};  // 0: frames unset (an image)
@@ -146,7 +146,9 @@ TEST(Hdf5Store, FrameSequencesAndImagesSideBySide) {
       H5Sget_simple_extent_dims(space, dims.data(), nullptr);
       H5Sclose(space);
       const bool video = reqs[i].gen.frame_count() > 1;
-      EXPECT_EQ(dims, video ? std::vector<hsize_t>{5, h, w, 3} : std::vector<hsize_t>{h, w, 3}) << i;
+      const std::vector<hsize_t> want =
+          video ? std::vector<hsize_t>{5, h, w, 3} : std::vector<hsize_t>{h, w, 3};
+      EXPECT_EQ(dims, want) << i;
       EXPECT_EQ(H5Aexists(d, "frames"), video ? 1 : 0) << i;
       if (video) {
         int64_t got = 0;
