@@ -229,16 +229,16 @@ TEST_F(JobFiles, RequestFramesAreReadBoundedAndDefaulted) {
     std::string value, want;
   };
   const std::vector<Case> cases = {
-      {"0", "r.jsonl:1: frames: 0 is outside [1, 4096]"},
-      {"-3", "r.jsonl:1: frames: -3 is outside [1, 4096]"},
-      {"4097", "r.jsonl:1: frames: 4097 is outside [1, 4096]"},
-      {"18446744073709551615", "r.jsonl:1: frames: 18446744073709551615 is outside [1, 4096]"},
-      {"99999999999999999999999", "r.jsonl:1: frames: must be an integer"},
-      {"2.5", "r.jsonl:1: frames: must be an integer, found 2.5"},
-      {"9.0", "r.jsonl:1: frames: must be an integer"},
-      {"\"9\"", "r.jsonl:1: frames: must be an integer, found \"9\""},
-      {"true", "r.jsonl:1: frames: must be an integer, found true"},
-      {"null", "r.jsonl:1: frames: must be an integer, found null"},
+      {"0", "bad.jsonl:1: frames: 0 is outside [1, 4096]"},
+      {"-3", "bad.jsonl:1: frames: -3 is outside [1, 4096]"},
+      {"4097", "bad.jsonl:1: frames: 4097 is outside [1, 4096]"},
+      {"18446744073709551615", "bad.jsonl:1: frames: 18446744073709551615 is outside [1, 4096]"},
+      {"99999999999999999999999", "bad.jsonl:1: frames: must be an integer"},
+      {"2.5", "bad.jsonl:1: frames: must be an integer, found 2.5"},
+      {"9.0", "bad.jsonl:1: frames: must be an integer"},
+      {"\"9\"", "bad.jsonl:1: frames: must be an integer, found \"9\""},
+      {"true", "bad.jsonl:1: frames: must be an integer, found true"},
+      {"null", "bad.jsonl:1: frames: must be an integer, found null"},
   };
   for (const auto& c : cases) {
     const auto bad = write("bad.jsonl", "{\"id\": \"a\", \"prompt\": \"x\", \"frames\": " + c.value + "}\n");
