@@ -45,7 +45,9 @@ void add_generation_options(po::options_description& desc) {
        "true classifier-free guidance when > 1 and a negative prompt is given (two forwards per step)")
       ("seed", po::value<uint64_t>()->default_value(0), "seed of the initial noise (CPU generator, any device)")
       ("max-sequence-length", po::value<int64_t>(),
-       "text tokens of the (T5 / LLM) text encoder (at most 512; QwenImagePipeline 1024)");
+       "text tokens of the (T5 / LLM) text encoder (at most 512; QwenImagePipeline 1024)")
+      ("frames", po::value<int64_t>(),
+       "frames of the result (image pipelines make 1 and refuse any other; a PNG --out holds one)");
   desc.add(g);
 }
 
@@ -60,6 +62,7 @@ GenerationRequest request_from(const po::variables_map& vm) {
   if (vm.count("true-cfg-scale")) r.true_cfg_scale = vm["true-cfg-scale"].as<double>();
   r.seed = vm["seed"].as<uint64_t>();
   if (vm.count("max-sequence-length")) r.max_sequence_length = vm["max-sequence-length"].as<int64_t>();
+  if (vm.count("frames")) r.frames = vm["frames"].as<int64_t>();
   return r;
 }
 
@@ -99,8 +102,8 @@ void add_output_options(po::options_description& desc) {
        "safetensors with prompt_embeds + pooled_prompt_embeds (then no text encoders are loaded), "
        "negative_prompt_embeds + negative_pooled_prompt_embeds, latents (packed initial noise)")
       ("out-tensors", po::value<std::string>(),
-       "safetensors rank 0 writes: 'latents' (final, packed) and 'image' (NHWC float in [0, 1]); the same rules "
-       "as --out");
+       "safetensors rank 0 writes: 'latents' (final, packed) and 'image' (NHWC float in [0, 1]; a frame sequence: "
+       "'video', [F, H, W, 3]); the same rules as --out");
   desc.add(io);
 }
 
@@ -131,6 +134,15 @@ GenerationRequest checked_request(const po::variables_map& vm) {
     throw ConfigError("--prompt is required (or --inputs with prompt_embeds)", true);
   }
   return req;
+}
+
+// --out is a PNG: a request for a frame sequence (its own --frames or the
+// pipeline's default) is refused before any step, naming --out.
+void check_out_frames(const po::variables_map& vm, const GenerationRequest& req) {
+  if (!vm.count("out")) return;
+  if (const std::string why = jobs::png_frames_problem(req.frame_count()); !why.empty()) {
+    throw ConfigError(fmt::format("--out {}: {}; write --out-tensors alone", vm["out"].as<std::string>(), why), true);
+  }
 }
 
 // One TP group of the whole world.
@@ -197,14 +209,16 @@ void report_and_write(const po::variables_map& vm, const pipelines::GenerationRe
   if (vm.count("out")) {
     const std::string out = vm["out"].as<std::string>();
     // A new file or one tprun wrote, checked again as it is placed (a file put there since is never replaced).
-    jobs::write_png_output(out, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
+    jobs::write_png_output(out, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height), res.frames,
                            png_text(req, model, dtype, tp.size));
     spdlog::info("wrote {} ({}x{})", out, res.width, res.height);
   }
   if (vm.count("out-tensors")) {
     const std::string out = vm["out-tensors"].as<std::string>();
     jobs::OutputTemp tmp(out);
-    checkpoint::write_tensor_file_f32(tmp.path(), {{"latents", *res.latents}, {"image", *res.image}});
+    // An image as it always was ([1, H, W, 3]); frames as diffusers' output_type="np" video [F, H, W, 3].
+    checkpoint::write_tensor_file_f32(tmp.path(),
+                                      {{"latents", *res.latents}, {res.frames > 1 ? "video" : "image", *res.image}});
     tmp.place(jobs::OutputKind::Tensors);
     spdlog::info("wrote {}", out);
   }
@@ -246,6 +260,7 @@ Command generate_command() {
     auto mesh = make_generate_mesh(vm, session);
     check_outputs(vm, session);
     check_pipeline_flags(req, vm["model"].as<std::string>());
+    check_out_frames(vm, req);
     parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
     const pipelines::PipelineOptions opts = pipeline_options(vm, session, req);
     const std::string model = vm["model"].as<std::string>();
@@ -255,6 +270,7 @@ Command generate_command() {
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     req = pipe->with_defaults(req);
     pipe->check_request(req);
+    check_out_frames(vm, req);
     spdlog::info("loaded {} ({}) in {:.2f} s ({} bytes on this rank), tp {}, dtype {}", model, pipe->class_name(),
                  load_s, pipe->bytes_loaded(), tp.size, opts.dtype);
     const bool lead = session.rank() == 0;

@@ -69,6 +69,13 @@ void number_attribute(hid_t obj, const char* name, T value, hid_t type, const st
                  offset == HADDR_UNDEF ? UINT64_MAX : static_cast<uint64_t>(offset), static_cast<uint64_t>(size));
 }
 
+// [height, width, 3] for an image (F = 1), [F, height, width, 3] for frames.
+std::vector<hsize_t> image_dims(const pipelines::GenerationRequest& g) {
+  std::vector<hsize_t> dims = {static_cast<hsize_t>(g.height.value()), static_cast<hsize_t>(g.width.value()), 3};
+  if (g.frame_count() > 1) dims.insert(dims.begin(), static_cast<hsize_t>(g.frame_count()));
+  return dims;
+}
+
 std::string run_name() {
   const auto now = std::chrono::system_clock::now();
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
@@ -159,11 +166,12 @@ Hdf5Store::Hdf5Store(const std::string& out_dir, bool images, bool latents, cons
         if (g.true_cfg_scale) {  // a pipeline without it (FLUX.2) leaves it out too
           number_attribute<double>(d.get(), "true_cfg_scale", *g.true_cfg_scale, H5T_NATIVE_DOUBLE, where);
         }
+        // Only a frame sequence has it: an image's attributes are what they always were.
+        if (g.frame_count() > 1) {
+          number_attribute<int64_t>(d.get(), "frames", g.frame_count(), H5T_NATIVE_INT64, where);
+        }
       };
-      if (images) {
-        make("images/" + r.id, H5T_NATIVE_UINT8,
-             {static_cast<hsize_t>(r.gen.height.value()), static_cast<hsize_t>(r.gen.width.value()), 3});
-      }
+      if (images) make("images/" + r.id, H5T_NATIVE_UINT8, image_dims(r.gen));
       if (latents) {
         make("latents/" + r.id, H5T_NATIVE_FLOAT,
              {static_cast<hsize_t>(sr.latent_tokens), static_cast<hsize_t>(sr.latent_channels)});
@@ -189,7 +197,7 @@ void Hdf5Store::write(const std::string& id, const std::vector<uint8_t>& rgb, co
     H5Handle d(check_id(H5Dopen2(m.file.get(), name.c_str(), H5P_DEFAULT), where, name), H5Dclose);
     H5Handle space(check_id(H5Dget_space(d.get()), where, name), H5Sclose);
     if (static_cast<size_t>(H5Sget_simple_extent_npoints(space.get())) != rgb.size()) {
-      throw Error(Error::Kind::Internal, fmt::format("{}: {} holds {} values, the image has {}", where, name,
+      throw Error(Error::Kind::Internal, fmt::format("{}: {} holds {} values, the result has {}", where, name,
                                                      H5Sget_simple_extent_npoints(space.get()), rgb.size()));
     }
     if (H5Dwrite(d.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, dxpl.get(), rgb.data()) < 0) {

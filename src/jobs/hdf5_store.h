@@ -7,9 +7,11 @@
 // run will make and the request's parameters as attributes (metadata changes
 // are collective in parallel HDF5, so everything but the pixels is written up
 // front):
-//   /images/<id>   uint8   [height, width, 3]       (format "hdf5")
+//   /images/<id>   uint8   [height, width, 3]       (format "hdf5": an image)
+//                  uint8   [F, height, width, 3]    (a frame sequence, F = the request's frames > 1)
 //   /latents/<id>  float32 [tokens, channels]       (format "latents": final packed latents)
-//   attributes: prompt, negative_prompt, seed, height, width, steps, guidance, true_cfg_scale
+//   attributes: prompt, negative_prompt, seed, height, width, steps, guidance, true_cfg_scale,
+//               and frames (only where F > 1: an image's dataset is laid out as it always was)
 // The replica's TP rank 0 writes its requests' datasets independently. At the
 // end all ranks drop the datasets that were not written (failed or not run),
 // close the file and rank 0 renames it into place: a store file that exists
@@ -53,7 +55,8 @@ class Hdf5Store {
   Hdf5Store(const Hdf5Store&) = delete;
   Hdf5Store& operator=(const Hdf5Store&) = delete;
 
-  // Independent: the rank that made the request. `rgb` H*W*3 bytes; `latents` [1, N, C].
+  // Independent: the rank that made the request. `rgb` F*H*W*3 bytes (the
+  // request's frames; an image H*W*3); `latents` [1, N, C].
   void write(const std::string& id, const std::vector<uint8_t>& rgb, const at::Tensor& latents);
 
   // Collective: drops the datasets not in `written`, closes, renames into place

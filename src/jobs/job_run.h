@@ -87,6 +87,9 @@ class JobRun {
   void write_record(const ResultRecord& r);
   void handle_message(Tag tag, const std::string& payload);
   std::vector<std::pair<std::string, std::string>> png_text(const JobRequest& r) const;
+  // Why the run's output formats cannot hold the request's result ("" when
+  // they can): a frame sequence (frames > 1) and [output] formats with png.
+  std::string output_frames_problem(const JobRequest& r) const;
 
   Session& session_;
   const RunOptions& options_;
@@ -103,6 +106,9 @@ class JobRun {
   int64_t skipped_ = 0;
   std::unique_ptr<pipelines::Pipeline> pipe_;
   std::set<const JobRequest*> runnable_;
+  // Requests the pipeline accepts whose result the output formats cannot
+  // hold (output_frames_problem): id -> why; recorded failed, never run.
+  std::map<std::string, std::string> output_refused_;
   std::vector<Unit> mine_;
   std::unique_ptr<Hdf5Store> store_;
 

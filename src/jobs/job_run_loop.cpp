@@ -97,6 +97,14 @@ std::vector<std::pair<std::string, std::string>> JobRun::png_text(const JobReque
   return t;
 }
 
+std::string JobRun::output_frames_problem(const JobRequest& r) const {
+  const int64_t frames = r.gen.frame_count();
+  if (!plan_.manifest.png || frames == 1) return "";
+  return fmt::format("frames: {} frames cannot go into [output] formats' png: {}; formats = [\"hdf5\"] stores "
+                     "frame sequences",
+                     frames, png_frames_problem(frames));
+}
+
 void JobRun::write_record(const ResultRecord& r) {
   log_->append(r);
   ++recorded_;
@@ -132,7 +140,8 @@ void JobRun::write_outputs(const JobRequest& req, const pipelines::GenerationRes
     // still a real folder, and the PNG goes in as a new file or over one tprun wrote (output_folder.h): a
     // file put there since the run was checked ends the job (ConfigError naming it), never replaced.
     check_output_entry(out_dir_, "images", EntryKind::Folder);
-    write_png_output(path, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height), png_text(req));
+    write_png_output(path, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height), res.frames,
+                     png_text(req));
   }
   if (store_) {
     try {
@@ -167,11 +176,17 @@ void JobRun::run_unit(const Unit& unit) {
     rec.height = req.gen.height.value_or(0);
     rec.width = req.gen.width.value_or(0);
     rec.steps = req.gen.steps.value_or(0);
+    rec.frames = req.gen.frame_count();
     rec.replica = mesh_->dp_rank();
     rec.encode_s = staged_ ? round_encode_s_ : 0;
     if (auto failed = encode_failed_.find(req.id); failed != encode_failed_.end()) {
       rec.status = "failed";
       rec.error = failed->second;
+      continue;
+    }
+    if (auto refused = output_refused_.find(req.id); refused != output_refused_.end()) {  // before any compute
+      rec.status = "failed";
+      rec.error = refused->second;
       continue;
     }
     live.push_back(k);

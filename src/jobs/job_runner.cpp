@@ -363,6 +363,10 @@ void JobRun::check_requests() {
   for (const JobRequest* r : todo_) {
     try {
       pipe_->check_request(r->gen);
+      if (std::string why = output_frames_problem(*r); !why.empty()) {  // recorded `failed` by its replica
+        output_refused_.emplace(r->id, std::move(why));
+        continue;
+      }
       runnable_.insert(r);
     } catch (const RequestError&) {
       // fails without output; recorded `failed` by its replica
@@ -384,7 +388,7 @@ void JobRun::schedule() {
     std::vector<StoreRequest> srs;
     for (const JobRequest* r : todo_) {
       if (!runnable_.count(r)) continue;
-      const auto shape = pipe_->latent_shape(*r->gen.height, *r->gen.width);
+      const auto shape = pipe_->request_latent_shape(r->gen);
       srs.push_back({r, shape[0], shape[1]});
     }
     store_ = std::make_unique<Hdf5Store>(out_dir_.string(), m.hdf5, m.latents, srs, control_, MPI_COMM_WORLD);

@@ -205,8 +205,14 @@ int rename_no_replace(const std::string& from, const std::string& to);
 void place_new_file(const std::string& tmp, const std::string& path);
 
 // write_png (pipelines/png_image.h) into an OutputTemp, then placed with
-// place_output_file(Png): `path` is a new file or a PNG tprun wrote.
-void write_png_output(const std::string& path, const uint8_t* rgb, int width, int height,
+// place_output_file(Png): `path` is a new file or a PNG tprun wrote. A PNG
+// holds one image: `frames` other than 1 (a frame sequence) is a
+// RequestError naming the path and the count, before anything is written
+// (never its first frame alone).
+void write_png_output(const std::string& path, const uint8_t* rgb, int width, int height, int64_t frames,
                       const std::vector<std::pair<std::string, std::string>>& text);
+// "" when a result of `frames` frames can go into a PNG (frames = 1), else why
+// not ("a PNG holds one image; the result has 9 frames ...").
+std::string png_frames_problem(int64_t frames);
 
 }  // namespace tprun::jobs

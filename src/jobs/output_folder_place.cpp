@@ -179,8 +179,18 @@ void place_new_file(const std::string& tmp, const std::string& path) {
   refuse_foreign(path, "exists");
 }
 
-void write_png_output(const std::string& path, const uint8_t* rgb, int width, int height,
+std::string png_frames_problem(int64_t frames) {
+  if (frames == 1) return "";
+  return fmt::format("a PNG holds one image, and the result has {} frames; tprun has no output format for frame "
+                     "sequences yet (it never writes one frame of them alone)",
+                     frames);
+}
+
+void write_png_output(const std::string& path, const uint8_t* rgb, int width, int height, int64_t frames,
                       const std::vector<std::pair<std::string, std::string>>& text) {
+  if (const std::string why = png_frames_problem(frames); !why.empty()) {
+    throw RequestError(fmt::format("cannot write {}: {}", path, why), true);
+  }
   OutputTemp tmp(path);
   pipelines::write_png(tmp.path(), rgb, width, height, text);  // its own temporary, renamed onto ours
   tmp.place(OutputKind::Png);

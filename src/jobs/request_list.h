@@ -6,7 +6,8 @@
 // and '-', at most 128 characters, not starting with '.') names the outputs and
 // must be unique; `prompt` is required; optional per-request overrides:
 // negative_prompt, height, width, steps, guidance, true_cfg_scale,
-// max_sequence_length, seed. Any other key is an error. Errors name
+// max_sequence_length, frames (of a frame sequence; image pipelines take
+// only 1), seed. Any other key is an error. Errors name
 // "<file>:<line>: <field>". Numbers are held to pipelines::request_bound (the
 // bounds `generate` and [defaults] share); the pipeline's own limits
 // (max_sequence_length, steps, the options it uses) are checked per request

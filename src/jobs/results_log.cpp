@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "jobs/output_folder.h"
+#include "pipelines/generation_request.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
@@ -139,6 +140,8 @@ nlohmann::json ResultRecord::to_json() const {
                         {"total_s", encode_s + denoise_s + decode_s}}},
                       {"replica", replica},
                       {"error", error}};
+  // Only a frame sequence says so: an image's line is what it always was.
+  if (frames != 1) j["frames"] = frames;
   return j;
 }
 
@@ -198,6 +201,13 @@ ResultRecord ResultRecord::from_json(const nlohmann::json& j) {
   r.height = int_field<int64_t>(j, "height");
   r.width = int_field<int64_t>(j, "width");
   r.steps = int_field<int64_t>(j, "steps");
+  if (field(j, "frames") != nullptr) {
+    r.frames = int_field<int64_t>(j, "frames");
+    if (r.frames < 1 || r.frames > pipelines::kMaxFrames) {
+      throw std::runtime_error(
+          fmt::format("\"frames\" must be an integer from 1 to {}, found {}", pipelines::kMaxFrames, r.frames));
+    }
+  }
   if (const nlohmann::json* t = field(j, "timings"); t != nullptr && t->is_object()) {
     r.encode_s = seconds_field(*t, "encode_s");
     r.denoise_s = seconds_field(*t, "denoise_s");

@@ -3,7 +3,8 @@
 // disk (fdatasync) per request by one writer (world rank 0):
 //   {"id", "status": "done"|"failed", "path", "seed", "height", "width",
 //    "steps", "timings": {"encode_s", "denoise_s", "decode_s", "total_s"},
-//    "replica", "error"}
+//    "replica", "error"}, and "frames" (F) where a result is a frame sequence
+//   (F > 1; an image's line has no "frames", so it reads as 1)
 // On resume the log is read back. Only a torn last line (no final newline and
 // not a whole JSON value: a writer killed mid-line) is dropped; a complete
 // record that lacks only its newline (an editor that strips it) is kept, and
@@ -36,6 +37,7 @@ struct ResultRecord {
   std::string path;    // image path relative to the output dir ("" when none)
   uint64_t seed = 0;
   int64_t height = 0, width = 0, steps = 0;
+  int64_t frames = 1;  // F of the result; written only where it is not 1
   double encode_s = 0, denoise_s = 0, decode_s = 0;
   int replica = 0;
   std::string error;  // failed: the message

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "pipelines/flow_match_scheduler.h"
@@ -77,6 +78,25 @@ std::string non_finite_hint(const std::string& dtype_name) {
   return "fp32 is not the cause: check the model's weights, any given tensors (--inputs) and the scheduler config";
 }
 
+namespace {
+
+// The decoder's output in [-1, 1], [1, 3, H, W] (an image) or [1, 3, F, H, W]
+// (frames), as float frames [F, H, W, 3] in [0, 1] on the CPU. An image
+// takes exactly the ops it always took.
+at::Tensor decoded_frames(const at::Tensor& x) {
+  if (x.dim() == 4) {
+    return (x.to(at::kFloat) / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 1}).contiguous().cpu();
+  }
+  if (x.dim() == 5 && x.size(0) == 1 && x.size(1) == 3 && x.size(2) >= 1) {
+    return (x.to(at::kFloat) / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 4, 1}).squeeze(0).contiguous().cpu();
+  }
+  throw Error(Error::Kind::Internal,
+              fmt::format("finish_batch: the decoder gave [{}]; expected [1, 3, H, W] or [1, 3, F, H, W]",
+                          fmt::join(x.sizes(), ", ")));
+}
+
+}  // namespace
+
 std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t height, int64_t width, int64_t steps,
                                            const std::string& dtype_name, const LatentDecoder& decode,
                                            StageTimes times) {
@@ -95,10 +115,10 @@ std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t he
     }
     out.latents = std::make_shared<at::Tensor>(lat);
     if (!decode) continue;
-    const at::Tensor x = decode(lat);
-    at::Tensor image = (x.to(at::kFloat) / 2 + 0.5).clamp(0, 1).permute({0, 2, 3, 1}).contiguous().cpu();
+    const at::Tensor image = decoded_frames(decode(lat));
     const at::Tensor bytes = (image * 255).round().to(at::kByte).contiguous();
     out.rgb.assign(bytes.data_ptr<uint8_t>(), bytes.data_ptr<uint8_t>() + bytes.numel());
+    out.frames = image.size(0);
     out.image = std::make_shared<at::Tensor>(image);
   }
   if (decode) times.decode_s = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -4,7 +4,7 @@
 //   prepare_batch   check each request, fill its defaults, refuse mixed batch keys
 //   stack_batch     per-request tensors (embeddings, latents) as one batch
 //   denoise         the Euler loop, with true CFG when a negative input is given
-//   finish_batch    per image: NaN/Inf check, decode, 8-bit RGB; stage times shared
+//   finish_batch    per result: NaN/Inf check, decode (an image or frames), 8-bit RGB; stage times shared
 // A family supplies only what differs: its transformer call and its decoder.
 
 #include <cstdint>
@@ -45,18 +45,20 @@ at::Tensor denoise(const TransformerCall& transformer, const FlowMatchEulerDiscr
                    double cfg_scale, const StepCallback& on_step, StageTimes& times,
                    CfgRescale rescale = CfgRescale::kNone);
 
-// One image's packed latents [1, tokens, C] -> the decoded image [1, 3, H, W]
-// in [-1, 1] (any float dtype).
+// One result's packed latents [1, tokens, C] -> the decoded image [1, 3, H, W]
+// or frames [1, 3, F, H, W] (a video VAE's layout), in [-1, 1] (any float dtype).
 using LatentDecoder = std::function<at::Tensor(const at::Tensor& packed_latents)>;
 
 // What a NaN/Inf result says about a dtype: fp16 and bf16 suggest a wider
 // one; fp32 points at the inputs (weights, given tensors, scheduler config).
 std::string non_finite_hint(const std::string& dtype_name);
 
-// Per image of the batch: latents with NaN/Inf get `error` (naming steps,
-// dtype and non_finite_hint), the others keep their latents and, when `decode` is set, their
-// image as float [1, H, W, 3] in [0, 1] and round(255 x) bytes. Each image
-// is charged an equal share of the batch's stage times (decode included).
+// Per result of the batch: latents with NaN/Inf get `error` (naming steps,
+// dtype and non_finite_hint), the others keep their latents and, when
+// `decode` is set, their frames as float [F, H, W, 3] in [0, 1] (an image:
+// [1, H, W, 3]), round(255 x) bytes and `frames` = F. Each result is charged
+// an equal share of the batch's stage times (decode included). Internal
+// error for a decoder output of another shape.
 std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t height, int64_t width, int64_t steps,
                                            const std::string& dtype_name, const LatentDecoder& decode,
                                            StageTimes times);

@@ -24,6 +24,7 @@ std::vector<std::pair<std::string, std::string>> generation_text(const Generatio
   add("guidance", r.guidance);
   add("true_cfg_scale", r.true_cfg_scale);
   add("max_sequence_length", r.max_sequence_length);
+  if (r.frame_count() > 1) t.emplace_back("frames", std::to_string(r.frame_count()));
   t.emplace_back("model", model);
   t.emplace_back("dtype", dtype);
   return t;

@@ -1,5 +1,6 @@
 #pragma once
-// One text-to-image request: what a user asks for, whether it comes from
+// One generation request (an image, or a frame sequence where the pipeline
+// makes them): what a user asks for, whether it comes from
 // `tprun generate`'s flags, a manifest's [defaults] or a line of a requests
 // file. Fields left unset take the pipeline's own default
 // (Pipeline::with_defaults: diffusers' __call__ defaults for that pipeline),
@@ -22,6 +23,9 @@ namespace tprun::pipelines {
 // [defaults] and [output], `tprun plan`'s flags), so sizes multiplied
 // together stay far inside 64 bits.
 constexpr int64_t kMaxImageSide = 16384;        // height, width in pixels
+// Frames of one result (an image is 1): 4096 x 16384^2 x 3 bytes is 3.3 TB,
+// so F x H x W x 3 x 4 (float) x kMaxBatchSize stays inside 64 bits.
+constexpr int64_t kMaxFrames = 4096;
 constexpr int64_t kMaxBatchSize = 1024;         // requests denoised together (output.batch_size)
 constexpr int64_t kMaxStageRequests = 100000000;  // requests whose embeddings a staged round keeps
 
@@ -34,12 +38,16 @@ struct GenerationRequest {
   std::optional<double> guidance;        // distilled guidance (models with guidance_embeds)
   std::optional<double> true_cfg_scale;  // > 1 with a negative prompt: true classifier-free guidance
   std::optional<int64_t> max_sequence_length;
+  // Frames of the result, [F, H, W, 3]. Unset: the pipeline's default (an
+  // image pipeline's is 1 and it refuses any other: request_checks.h).
+  std::optional<int64_t> frames;
   uint64_t seed = 0;
   // Tensors that replace a stage's output, by the pipeline's argument names
   // (prompt_embeds, latents, ...; each pipeline's header lists them). Null: none.
   std::shared_ptr<const models::TensorMap> given;
 
   bool has_given(const std::string& name) const;  // generation_request.cpp
+  int64_t frame_count() const { return frames.value_or(1); }
 
   // Fills every unset field from `defaults` (the prompt and seed are not defaults).
   void fill_from(const GenerationRequest& defaults) {
@@ -53,6 +61,7 @@ struct GenerationRequest {
     fill(guidance, defaults.guidance);
     fill(true_cfg_scale, defaults.true_cfg_scale);
     fill(max_sequence_length, defaults.max_sequence_length);
+    fill(frames, defaults.frames);
   }
 };
 
@@ -63,7 +72,7 @@ struct GenerationRequest {
 // (max_sequence_length to its text encoder's limit, steps to what its
 // scheduler can stretch: request_checks.h).
 struct RequestBound {
-  const char* key;  // "height", "width", "steps", "guidance", "true_cfg_scale", "max_sequence_length"
+  const char* key;  // "height", "width", "steps", "guidance", "true_cfg_scale", "max_sequence_length", "frames"
   double lo, hi;
   bool integer;
 };
@@ -83,7 +92,8 @@ std::string outside_bound(const RequestBound& bound, int64_t value);
 
 // A request's parameters as PNG text chunks, in this order: Software, prompt,
 // negative_prompt (when set), seed, height, width, steps, guidance,
-// true_cfg_scale, max_sequence_length, model, dtype. Unset fields are left out.
+// true_cfg_scale, max_sequence_length, frames (only above 1: an image's text
+// is what it always was), model, dtype. Unset fields are left out.
 std::vector<std::pair<std::string, std::string>> generation_text(const GenerationRequest& request,
                                                                   const std::string& model, const std::string& dtype);
 

@@ -91,6 +91,15 @@ GenerationResult Pipeline::generate(const GenerationRequest& request, const Step
   return std::move(results[0]);
 }
 
+std::vector<int64_t> Pipeline::request_latent_shape(const GenerationRequest& request) const {
+  if (request.frame_count() != 1) {
+    throw Error(Error::Kind::Internal,
+                fmt::format("{} makes images, yet was asked the latents of {} frames (check_request refuses them)",
+                            class_name(), request.frame_count()));
+  }
+  return latent_shape(request.height.value_or(0), request.width.value_or(0));
+}
+
 std::vector<std::string> pipeline_names() {
   std::vector<std::string> names;
   for (const auto& [name, loader] : registry()) names.push_back(name);

@@ -63,15 +63,24 @@ struct StageTimes {
   double total_s() const { return encode_s + denoise_s() + decode_s; }
 };
 
+// One request's result: a frame sequence, of which an image is the one-frame
+// case (every image family's results have frames = 1, and their tensors and
+// bytes are laid out exactly as a single image's).
 struct GenerationResult {
   std::shared_ptr<at::Tensor> latents;  // final (packed) latents, compute dtype
-  std::shared_ptr<at::Tensor> image;    // [1, H, W, 3] float32 in [0, 1] on the CPU; null where not decoded
-  std::vector<uint8_t> rgb;             // H * W * 3 bytes, round(image * 255); empty where not decoded
+  // The decoded frames [F, H, W, 3] float32 in [0, 1] on the CPU ([1, H, W, 3]
+  // for an image); null where not decoded.
+  std::shared_ptr<at::Tensor> image;
+  // F * H * W * 3 bytes, round(image * 255), frame after frame; empty where not decoded.
+  std::vector<uint8_t> rgb;
+  int64_t frames = 1;  // F: 1 for an image
   int64_t height = 0, width = 0;
-  StageTimes times;        // this image's share of its batch's stage times
-  int64_t batch_size = 1;  // images generated together with this one
-  std::string error;       // generate_batch: why this image failed (NaN/Inf latents); "" = ok
+  StageTimes times;        // this result's share of its batch's stage times
+  int64_t batch_size = 1;  // results generated together with this one
+  std::string error;       // generate_batch: why this result failed (NaN/Inf latents); "" = ok
   bool decoded() const { return !rgb.empty(); }
+  // Frame f's H * W * 3 bytes (decoded results; f in [0, frames)).
+  const uint8_t* frame_rgb(int64_t f) const { return rgb.data() + f * height * width * 3; }
 };
 
 // Staged phases (docs/jobs.md "Staged phases"): one text a request needs
@@ -116,6 +125,12 @@ class Pipeline {
   GenerationResult generate(const GenerationRequest& request, const StepCallback& on_step = {}) const;
   // Shape [tokens, channels] of the latents generate() returns for a height x width image.
   virtual std::vector<int64_t> latent_shape(int64_t height, int64_t width) const = 0;
+  // The shape of the latents generate() returns for a checked request with
+  // its defaults (height, width and frames set). Here: latent_shape(height,
+  // width), for an image; an internal error for frames other than 1, which
+  // check_request refuses in an image pipeline. A family that makes frame
+  // sequences overrides it (its latents span every latent frame).
+  virtual std::vector<int64_t> request_latent_shape(const GenerationRequest& request) const;
 
   virtual bool decodes() const = 0;  // this rank loads the VAE and decodes
   virtual const std::string& folder() const = 0;

@@ -15,6 +15,7 @@ const RequestBound& request_bound(const std::string& key) {
       {"guidance", 0, 1000, false},
       {"true_cfg_scale", 0, 1000, false},
       {"max_sequence_length", 1, static_cast<double>(kMaxSequenceLengthBound), true},
+      {"frames", 1, static_cast<double>(kMaxFrames), true},
   };
   for (const auto& b : bounds) {
     if (key == b.key) return b;
@@ -47,6 +48,7 @@ void check_request_bounds(const GenerationRequest& r, const RequestFail& fail) {
   number("guidance", r.guidance);
   number("true_cfg_scale", r.true_cfg_scale);
   integer("max_sequence_length", r.max_sequence_length);
+  integer("frames", r.frames);
 }
 
 }  // namespace tprun::pipelines

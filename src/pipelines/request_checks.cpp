@@ -80,6 +80,30 @@ void add_scheduler_request_options(const checkpoint::PipelineFolder& pf, Request
   }
 }
 
+namespace {
+
+// frames (set, within the shared bound) against what the pipeline makes.
+void check_request_frames(const GenerationRequest& r, const RequestOptions& o, const RequestFail& fail) {
+  if (!r.frames) return;
+  const int64_t f = *r.frames;
+  if (o.max_frames <= 1) {
+    if (f != 1) {
+      fail("frames", fmt::format("{} makes images (one frame each), not frame sequences: {} frames cannot be made; "
+                                 "remove it or give 1",
+                                 o.cls, f));
+    }
+    return;
+  }
+  if (f > o.max_frames) fail("frames", fmt::format("{} is beyond {}'s limit of {} frames", f, o.cls, o.max_frames));
+  if (o.frame_multiple > 1 && (f - 1) % o.frame_multiple != 0) {
+    fail("frames", fmt::format("{} is not {} x k + 1 frames, which {} takes ({}); try {} or {}", f, o.frame_multiple,
+                               o.cls, o.frame_multiple_reason, (f - 1) / o.frame_multiple * o.frame_multiple + 1,
+                               ((f - 1) / o.frame_multiple + 1) * o.frame_multiple + 1));
+  }
+}
+
+}  // namespace
+
 void check_request_options(const GenerationRequest& r, const RequestOptions& o, const RequestFail& fail) {
   check_request_bounds(r, fail);
   if (r.max_sequence_length && *r.max_sequence_length > o.max_sequence_length) {
@@ -90,6 +114,7 @@ void check_request_options(const GenerationRequest& r, const RequestOptions& o, 
     fail("steps", fmt::format("{} is fewer than {} takes ({} at least: {})", *r.steps, o.cls, o.min_steps,
                               o.min_steps_reason));
   }
+  check_request_frames(r, o, fail);
   const bool set[] = {r.guidance.has_value(), r.true_cfg_scale.has_value(), r.negative_prompt.has_value()};
   const char* names[] = {"guidance", "true_cfg_scale", "negative_prompt"};
   for (size_t i = 0; i < 3; ++i) {

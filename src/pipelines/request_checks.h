@@ -28,6 +28,14 @@ struct RequestOptions {
   int64_t max_sequence_length = 512;    // its text encoder's limit
   int64_t min_steps = 1;                // fewer steps than its scheduler can take
   std::string min_steps_reason;         // why, where min_steps > 1 (naming the config file and key)
+  // Frames a request may ask for. 1: the pipeline makes images (every family
+  // today), and a request's frames other than 1 is refused by name. A family
+  // that makes frame sequences sets the most it takes and, where its VAE
+  // compresses time, the step between frame counts: frames - 1 must be a
+  // multiple of frame_multiple (Wan: 4, so 4k + 1 frames).
+  int64_t max_frames = 1;
+  int64_t frame_multiple = 1;
+  std::string frame_multiple_reason;    // why, where frame_multiple > 1
   // Options it never applies, each with why: a request or [defaults] that
   // sets one is refused (never rendered without it and recorded with it).
   std::vector<std::pair<std::string, std::string>> unused;
@@ -52,7 +60,9 @@ void add_scheduler_request_options(const checkpoint::PipelineFolder& folder, Req
 
 // `fail(key, what)` (which throws) for the first field of `r` this pipeline
 // refuses: max_sequence_length beyond its limit, fewer steps than its
-// scheduler can take, an option it does not use. The bounds every pipeline
+// scheduler can take, frames other than 1 to an image pipeline (or beyond
+// max_frames, or not 1 + a multiple of frame_multiple), an option it does
+// not use. The bounds every pipeline
 // shares (check_request_bounds) first. `r` as given or with defaults
 // applied (with_defaults never fills an unused option).
 void check_request_options(const GenerationRequest& r, const RequestOptions& options, const RequestFail& fail);

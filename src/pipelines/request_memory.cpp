@@ -52,8 +52,8 @@ double scores(int64_t batch, int64_t heads, double queries, double keys, int64_t
   return dbl(batch) * dbl(heads) * rows * keys * dbl(elem) * 3.0;
 }
 
-// One image through the VAE decoder.
-double vae_decode(const MemoryModel& m, int64_t height, int64_t width) {
+// One result (an image, or `frames` frames) through the VAE decoder.
+double vae_decode(const MemoryModel& m, int64_t height, int64_t width, int64_t frames) {
   const VaeShape& v = m.vae;
   const auto& ch = v.decoder_channels;
   if (ch.empty()) return 0;
@@ -77,12 +77,19 @@ double vae_decode(const MemoryModel& m, int64_t height, int64_t width) {
     const double pixels = dbl(lh) * up * dbl(lw) * up;
     widest = std::max(widest, 3.5 * dbl(c) * pixels * dbl(v.elem_bytes));
   }
+  // A video VAE decodes one latent frame at a time: its activations span the
+  // frames that latent frame becomes; the output and the tiles all frames.
+  const int64_t f = std::max<int64_t>(1, frames);
+  const int64_t chunk = std::min(f, std::max<int64_t>(1, v.temporal_scale_factor));
+  if (chunk > 1) widest *= dbl(chunk);
+  if (f > 1) extra *= dbl(f);
   const double mid_tokens = dbl(lh) * dbl(lw);
   const double attn = v.scores_materialised
                           ? scores(1, 1, mid_tokens, mid_tokens, m.attention_chunk, v.elem_bytes)
                           : flash_blocks(m.threads, 1, 1, mid_tokens);
   // The decoded image in the pipeline's float and byte copies.
-  const double image = dbl(height) * dbl(width) * 3.0 * (dbl(v.elem_bytes) + 4.0 + 4.0 + 1.0 + 1.0);
+  double image = dbl(height) * dbl(width) * 3.0 * (dbl(v.elem_bytes) + 4.0 + 4.0 + 1.0 + 1.0);
+  if (f > 1) image *= dbl(f);
   return widest + attn + image + extra;
 }
 
@@ -120,7 +127,7 @@ MemoryEstimate estimate_request_memory(const MemoryModel& m, const RequestShape&
     e.text = bytes(T * H * elem * 16.0 + scores(1, std::max<int64_t>(1, m.text_hidden / 64), T, T,
                                                 m.attention_chunk, 4));
   }
-  if (m.decodes) e.decode = bytes(vae_decode(m, r.height, r.width));
+  if (m.decodes) e.decode = bytes(vae_decode(m, r.height, r.width, r.frames));
   // Latents (and the step's noise and update), prompt embeddings (x 2 for CFG).
   e.kept = bytes(B * dbl(r.image_tokens) * dbl(t.in_channels) * elem * 4.0 +
                  B * dbl(r.text_tokens) * dbl(t.joint_dim) * elem * 2.0);
@@ -164,7 +171,8 @@ RequestShape batch_shape(const Pipeline& pipeline, const std::vector<GenerationR
   s.batch = static_cast<int64_t>(rs.size());
   s.height = r.height.value_or(0);
   s.width = r.width.value_or(0);
-  s.image_tokens = pipeline.latent_shape(s.height, s.width).at(0);
+  s.frames = r.frame_count();
+  s.image_tokens = pipeline.request_latent_shape(r).at(0);
   s.encodes_text = !r.has_given("prompt_embeds");
   s.text_tokens = s.encodes_text ? r.max_sequence_length.value_or(512) : r.given->at("prompt_embeds").size(1);
   return s;
@@ -219,10 +227,12 @@ void check_batch_memory(const MemoryModel& m, const RequestShape& r, const paral
     if (e.step > e.decode) hints.push_back("a larger tp (activations split over the group)");
     if (r.batch > 1) hints.push_back("a smaller batch_size");
     const std::string where = ranks > 1 ? fmt::format(" on TP rank {} of {}", k, ranks) : std::string();
+    if (r.frames > 1) hints.push_back("fewer frames");
     throw RequestError(
-        fmt::format("{}x{} (batch {}) needs about {} of memory{} (VAE decode {}, denoising step {}, attention {}, "
+        fmt::format("{}x{}{} (batch {}) needs about {} of memory{} (VAE decode {}, denoising step {}, attention {}, "
                     "text encoder {}; beyond the {} of weights held) but only {} is available ({}); try {}",
-                    r.height, r.width, r.batch, format_bytes(static_cast<u64>(need)), where, format_bytes(e.decode),
+                    r.height, r.width, r.frames > 1 ? fmt::format(", {} frames", r.frames) : std::string(), r.batch,
+                    format_bytes(static_cast<u64>(need)), where, format_bytes(e.decode),
                     format_bytes(e.step), format_bytes(e.attention), format_bytes(e.text),
                     format_bytes(m.weights_bytes), format_bytes(static_cast<u64>(have)), limit,
                     fmt::join(hints, ", or ")),

@@ -16,7 +16,11 @@
 //   text      the text encoder over the prompt (eager scores included)
 //   decode    the VAE decoder of one image (the ranks that decode): 3.5 live
 //             activations of the widest level, level by level, at full size,
-//             or of one tile with vae_tiling; its mid-block attention as above
+//             or of one tile with vae_tiling; its mid-block attention as above.
+//             A result of F frames: the activations of the frames one latent
+//             frame decodes to (min(F, temporal_scale_factor): a video VAE
+//             decodes a latent frame at a time), the decoded copies and
+//             blended tiles of all F frames; an image (F = 1) as before
 //   peak      = kept (latents, embeddings) + max(text, step + attention,
 //             decode), x 1.15 for allocator slack, + 64 MiB
 // Calibrated against measured peaks (docs/memory.md "Memory per request").
@@ -49,6 +53,7 @@ struct VaeShape {
   std::vector<int64_t> decoder_channels;  // per resolution level, lowest first (block_out_channels reversed)
   int64_t latent_channels = 16;
   int64_t scale_factor = 8;     // pixels per latent per side
+  int64_t temporal_scale_factor = 1;  // frames per latent frame (an image VAE: 1)
   int64_t elem_bytes = 4;       // the VAE's compute dtype (fp32 when upcast)
   bool scores_materialised = false;  // its attention backend builds the scores
   bool tiling = false;
@@ -73,7 +78,8 @@ struct MemoryModel {
 struct RequestShape {
   int64_t batch = 1;
   int64_t height = 0, width = 0;
-  int64_t image_tokens = 0;
+  int64_t frames = 1;        // F of each result (an image: 1)
+  int64_t image_tokens = 0;  // the latents' tokens (every latent frame's)
   int64_t text_tokens = 0;
   bool encodes_text = true;  // prompts to encode (no prompt_embeds given)
 };
@@ -110,9 +116,9 @@ void fill_runtime(MemoryModel& model, const std::string& device, const std::stri
 // levels, dtype, attention backend on `device`, tiling.
 VaeShape vae_shape(const models::AutoencoderKL& vae, const std::string& device);
 
-// The shape of a prepared batch (prepare_batch): its size, the image tokens
-// of its height x width, the text tokens (given prompt_embeds, else
-// max_sequence_length).
+// The shape of a prepared batch (prepare_batch): its size, its frames, the
+// latent tokens of its requests (Pipeline::request_latent_shape), the text
+// tokens (given prompt_embeds, else max_sequence_length).
 RequestShape batch_shape(const Pipeline& pipeline, const std::vector<GenerationRequest>& prepared);
 
 // The check before a batch runs: the estimate against this rank's available

@@ -23,6 +23,13 @@ Cases (one ctest entry each; `hostile_requests.py TPRUN MPIRUN CASE`):
                        exit 4 naming the file and the key, before any step
   nan_hint             NaN weights in an fp32 transformer: the request error says fp32 is not the
                        cause (never "try fp32")
+  frames_values        `frames` (issue 32): a requests file's 0, -2, 99999999999, 1e30, 2.5, "9" and
+                       `--set defaults.frames=0` end the job before any weight naming file:line and
+                       the field; [defaults] frames = 9 and `generate --frames 9` are refused by
+                       FluxPipeline (it makes images) before any weight, `generate --frames 0` by
+                       the bound; in a job, a request's frames 9 is recorded failed naming frames
+                       while frames 1 and no frames make the same pixels, and neither record nor PNG
+                       mentions frames
 """
 import json
 import os
@@ -186,12 +193,58 @@ def case_nan_hint(work):
             f"NaN weights at fp32: exit {rc} (want 6), the hint does not suggest fp32\n{log[-500:]}")
 
 
+def case_frames_values(work):
+    f = tiny_flux(H.tprun, os.path.join(work, "flux"))
+    out = os.path.join(work, "bad-out")
+    for value, want in (("0", "frames: 0 is outside [1, 4096]"), ("-2", "frames: -2 is outside [1, 4096]"),
+                        ("99999999999", "frames: 99999999999 is outside [1, 4096]"),
+                        ("1e30", "frames: must be an integer"), ("2.5", "frames: must be an integer, found 2.5"),
+                        ('"9"', 'frames: must be an integer, found "9"')):
+        req = write(os.path.join(work, "bad.jsonl"), '{"id": "a", "prompt": "a red fox", "frames": %s}\n' % value)
+        m = write_manifest(os.path.join(work, "bad.toml"), f, req, out, parallel={"tp": 1})
+        H.expect_config_error(f"a request's frames {value}", ["run", m], f"bad.jsonl:1: {want}", absent=LOADED)
+    req = jsonl(os.path.join(work, "r.jsonl"), [{"id": "a", "prompt": "a red fox"}])
+    m = write_manifest(os.path.join(work, "d.toml"), f, req, out, parallel={"tp": 1})
+    H.expect_config_error("run --set defaults.frames=0", ["run", m, "--set", "defaults.frames=0"],
+                          "--set defaults.frames: 0 is outside [1, 4096]", absent=LOADED)
+    m = write_manifest(os.path.join(work, "d9.toml"), f, req, out, parallel={"tp": 1}, defaults={"frames": 9})
+    H.expect_config_error("[defaults] frames = 9", ["run", m],
+                          "defaults.frames: FluxPipeline makes images (one frame each), not frame sequences: 9 frames",
+                          absent=LOADED)
+    H.expect_config_error("generate --frames 9", gen(f, "--steps", "1", "--frames", "9"),
+                          "--frames: FluxPipeline makes images", absent=LOADED)
+    H.expect_config_error("generate --frames 0", gen(f, "--steps", "1", "--frames", "0"),
+                          "--frames: 0 is outside [1, 4096]", absent=LOADED)
+    rows = [{"id": "a", "prompt": "a red fox", "seed": 5}, {"id": "b", "prompt": "a red fox", "seed": 5, "frames": 1},
+            {"id": "c", "prompt": "a red fox", "seed": 5, "frames": 9}]
+    req = jsonl(os.path.join(work, "job.jsonl"), rows)
+    job_out = os.path.join(work, "job-out")
+    m = write_manifest(os.path.join(work, "job.toml"), f, req, job_out, parallel={"tp": 1}, defaults={"steps": 1})
+    rc, log = H.run(["run", m], np_=1, timeout=300)
+    recs = by_id(job_out) if os.path.exists(os.path.join(job_out, "results.jsonl")) else {}
+    c = recs.get("c", {})
+    H.check(rc == 6 and c.get("status") == "failed" and "frames: FluxPipeline makes images" in c.get("error", "")
+            and c.get("frames") == 9,
+            f"a request with frames 9: exit {rc} (want 6), recorded {c.get('status')} frames {c.get('frames')}: "
+            f"{c.get('error', '')[:200]}" + ("" if rc in (0, 6) else f"\n{log[-800:]}"))
+    H.check(not os.path.exists(os.path.join(job_out, "images", "c.png")), "no image for the refused request")
+    if all(recs.get(k, {}).get("status") == "done" for k in "ab"):
+        H.check(all("frames" not in recs[k] for k in "ab"), f"no frames in an image's record ({sorted(recs['b'])})")
+        from PIL import Image
+        pa, pb = (os.path.join(job_out, "images", f"{k}.png") for k in "ab")
+        H.check(Image.open(pa).tobytes() == Image.open(pb).tobytes(), "frames 1 makes the same pixels as no frames")
+        H.check("frames" not in png_text(pb), f"b.png records no frames ({sorted(png_text(pb))})")
+    else:
+        H.check(False, f"requests a and b are done ({recs.get('a')}, {recs.get('b')})")
+
+
 def main():
     global H
     H = Harness(sys.argv[1], sys.argv[2])
     return run_cases(H, {"max_sequence_length": case_max_sequence_length, "unused_options": case_unused_options,
                          "one_step": case_one_step, "numeric_bounds": case_numeric_bounds,
-                         "scheduler_bounds": case_scheduler_bounds, "nan_hint": case_nan_hint},
+                         "scheduler_bounds": case_scheduler_bounds, "nan_hint": case_nan_hint,
+                         "frames_values": case_frames_values},
                      "tprun-hostile-requests")
 
 

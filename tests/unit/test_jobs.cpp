@@ -17,6 +17,7 @@
 #include "jobs/request_list.h"
 #include "jobs/results_log.h"
 #include "pipelines/png_image.h"
+#include "pipelines/request_checks.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
@@ -204,6 +205,122 @@ TEST_F(JobFiles, RequestErrorsNameLineAndField) {
     const auto path = write("r.jsonl", c.text);
     const auto e = error_of([&] { read_requests(path, {}); });
     EXPECT_NE(e.find(c.want), std::string::npos) << "requests:\n" << c.text << "error: " << e;
+  }
+}
+
+// Issue 32: a request may carry a frame count, bounded as every request
+// value is; a manifest's [defaults] may set it; unset stays unset (the
+// pipeline's default: 1 for every image pipeline).
+TEST_F(JobFiles, RequestFramesAreReadBoundedAndDefaulted) {
+  pipelines::GenerationRequest d;
+  d.frames = 5;
+  const auto path = write("r.jsonl",
+                          "{\"id\": \"a\", \"prompt\": \"fox\"}\n"
+                          "{\"id\": \"b\", \"prompt\": \"fox\", \"frames\": 81}\n"
+                          "{\"id\": \"c\", \"prompt\": \"fox\", \"frames\": 1}\n");
+  auto rs = read_requests(path, d);
+  ASSERT_EQ(rs.size(), 3u);
+  EXPECT_EQ(rs[0].gen.frames, 5);  // the manifest's default
+  EXPECT_EQ(rs[1].gen.frames, 81);
+  EXPECT_EQ(rs[2].gen.frames, 1);
+  EXPECT_FALSE(read_requests(path, {})[0].gen.frames.has_value());
+  EXPECT_EQ(read_requests(path, {})[0].gen.frame_count(), 1);
+  struct Case {
+    std::string value, want;
+  };
+  const std::vector<Case> cases = {
+      {"0", "bad.jsonl:1: frames: 0 is outside [1, 4096]"},
+      {"-3", "bad.jsonl:1: frames: -3 is outside [1, 4096]"},
+      {"4097", "bad.jsonl:1: frames: 4097 is outside [1, 4096]"},
+      {"18446744073709551615", "bad.jsonl:1: frames: 18446744073709551615 is outside [1, 4096]"},
+      {"99999999999999999999999", "bad.jsonl:1: frames: must be an integer"},
+      {"2.5", "bad.jsonl:1: frames: must be an integer, found 2.5"},
+      {"9.0", "bad.jsonl:1: frames: must be an integer"},
+      {"\"9\"", "bad.jsonl:1: frames: must be an integer, found \"9\""},
+      {"true", "bad.jsonl:1: frames: must be an integer, found true"},
+      {"null", "bad.jsonl:1: frames: must be an integer, found null"},
+  };
+  for (const auto& c : cases) {
+    const auto bad = write("bad.jsonl", "{\"id\": \"a\", \"prompt\": \"x\", \"frames\": " + c.value + "}\n");
+    const auto e = error_of([&] { read_requests(bad, {}); });
+    EXPECT_NE(e.find(c.want), std::string::npos) << c.value << ": " << e;
+  }
+  // [defaults] frames: read and bounded like every other default.
+  const auto job = write("job.toml", std::string(kGood) + "");
+  EXPECT_FALSE(parse_manifest(job).defaults.frames.has_value());
+  EXPECT_EQ(parse_manifest(job, {parse_override("defaults.frames=9")}).defaults.frames, 9);
+  for (const char* bad : {"defaults.frames=0", "defaults.frames=-1", "defaults.frames=100000", "defaults.frames=2.5",
+                          "defaults.frames=\"9\"", "defaults.frames=1e400"}) {
+    const auto e = error_of([&] { parse_manifest(job, {parse_override(bad)}); });
+    EXPECT_NE(e.find("--set defaults.frames:"), std::string::npos) << bad << ": " << e;
+  }
+}
+
+// An image pipeline takes only frames = 1 (set or not), a frame-sequence
+// pipeline its own limit and step; refused by name before any weight.
+TEST_F(JobFiles, DefaultsFramesCheckedAgainstThePipeline) {
+  const auto job = write("job.toml", std::string(kGood) + "");
+  pipelines::RequestOptions image;
+  image.cls = "FluxPipeline";
+  EXPECT_NO_THROW(check_defaults(parse_manifest(job), image));
+  EXPECT_NO_THROW(check_defaults(parse_manifest(job, {parse_override("defaults.frames=1")}), image));
+  auto e = error_of([&] { check_defaults(parse_manifest(job, {parse_override("defaults.frames=9")}), image); });
+  EXPECT_NE(e.find("--set defaults.frames: FluxPipeline makes images (one frame each), not frame sequences: 9 "
+                   "frames cannot be made; remove it or give 1"),
+            std::string::npos)
+      << e;
+  pipelines::RequestOptions video;
+  video.cls = "VideoPipeline";
+  video.max_frames = 81;
+  video.frame_multiple = 4;
+  video.frame_multiple_reason = "its VAE compresses time 4x";
+  EXPECT_NO_THROW(check_defaults(parse_manifest(job, {parse_override("defaults.frames=9")}), video));
+  EXPECT_NO_THROW(check_defaults(parse_manifest(job, {parse_override("defaults.frames=1")}), video));
+  e = error_of([&] { check_defaults(parse_manifest(job, {parse_override("defaults.frames=10")}), video); });
+  EXPECT_NE(e.find("defaults.frames: 10 is not 4 x k + 1 frames, which VideoPipeline takes (its VAE compresses time "
+                   "4x); try 9 or 13"),
+            std::string::npos)
+      << e;
+  e = error_of([&] { check_defaults(parse_manifest(job, {parse_override("defaults.frames=85")}), video); });
+  EXPECT_NE(e.find("defaults.frames: 85 is beyond VideoPipeline's limit of 81 frames"), std::string::npos) << e;
+  // The pipelines' own check (a request): RequestError naming the field.
+  pipelines::GenerationRequest r;
+  r.frames = 2;
+  try {
+    pipelines::need_request_options(r, image);
+    ADD_FAILURE() << "frames 2 accepted by an image pipeline";
+  } catch (const RequestError& x) {
+    EXPECT_EQ(std::string(x.what()).rfind("frames: FluxPipeline makes images", 0), 0u) << x.what();
+  }
+  r.frames = 0;  // the shared bound first
+  EXPECT_THROW(pipelines::need_request_options(r, video), RequestError);
+}
+
+// A frame sequence's record says F; an image's line is exactly what it was.
+TEST(ResultRecords, FramesOnlyWhereThereAreSeveral) {
+  ResultRecord a;
+  a.id = "a";
+  a.status = "done";
+  a.path = "images/a.png";
+  a.seed = 7;
+  a.height = 32;
+  a.width = 48;
+  a.steps = 2;
+  a.replica = 1;
+  EXPECT_EQ(a.to_json().dump(),
+            "{\"error\":\"\",\"height\":32,\"id\":\"a\",\"path\":\"images/a.png\",\"replica\":1,\"seed\":7,"
+            "\"status\":\"done\",\"steps\":2,\"timings\":{\"decode_s\":0.0,\"denoise_s\":0.0,\"encode_s\":0.0,"
+            "\"total_s\":0.0},\"width\":48}");
+  EXPECT_EQ(parse_result_record(a.to_json().dump()).frames, 1);
+  ResultRecord v = a;
+  v.frames = 81;
+  v.path = "store/run-1.h5:/images/a";
+  const std::string line = v.to_json().dump();
+  EXPECT_NE(line.find("\"frames\":81"), std::string::npos) << line;
+  EXPECT_EQ(parse_result_record(line).frames, 81);
+  for (const char* bad : {"0", "-1", "4097", "2.5", "\"9\""}) {
+    std::string text = "{\"id\":\"a\",\"status\":\"done\",\"frames\":" + std::string(bad) + "}";
+    EXPECT_THROW(parse_result_record(text), std::runtime_error) << text;
   }
 }
 

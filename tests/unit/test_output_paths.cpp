@@ -194,8 +194,8 @@ TEST_F(OutputPaths, ManifestOffloadFoldersAreResolvedAndChecked) {
 TEST_F(OutputPaths, PlacementNeverReplacesAForeignFile) {
   const std::vector<uint8_t> rgb(4 * 4 * 3, 7);
   const std::string target = (dir_ / "a.png").string();
-  write_png_output(target, rgb.data(), 4, 4, {{"Software", "tprun 1"}});  // new
-  write_png_output(target, rgb.data(), 4, 4, {{"Software", "tprun 1"}, {"x", "2"}});  // over its own
+  write_png_output(target, rgb.data(), 4, 4, 1, {{"Software", "tprun 1"}});  // new
+  write_png_output(target, rgb.data(), 4, 4, 1, {{"Software", "tprun 1"}, {"x", "2"}});  // over its own
   pipelines::write_png((dir_ / "theirs.png").string(), rgb.data(), 4, 4, {{"Software", "GIMP"}});
   const std::string before = [&] {
     std::ifstream in(dir_ / "theirs.png", std::ios::binary);
@@ -203,7 +203,7 @@ TEST_F(OutputPaths, PlacementNeverReplacesAForeignFile) {
   }();
   std::string e;
   try {
-    write_png_output((dir_ / "theirs.png").string(), rgb.data(), 4, 4, {{"Software", "tprun 1"}});
+    write_png_output((dir_ / "theirs.png").string(), rgb.data(), 4, 4, 1, {{"Software", "tprun 1"}});
   } catch (const ConfigError& x) {
     e = x.what();
   }
@@ -227,6 +227,33 @@ TEST_F(OutputPaths, PlacementNeverReplacesAForeignFile) {
   EXPECT_FALSE(is_output_temp(".notes.tmp.txt"));
   EXPECT_FALSE(is_output_temp(kLockFileName));
   EXPECT_FALSE(is_output_temp("a.png"));
+}
+
+// Issue 32: a result is a frame sequence; a PNG holds one image, so a result
+// of several frames is refused by name before anything is written, never
+// written as its first frame alone.
+TEST_F(OutputPaths, PngRefusesAFrameSequence) {
+  const std::vector<uint8_t> rgb(3 * 4 * 4 * 3, 7);  // 3 frames of 4 x 4
+  const std::string target = (dir_ / "v.png").string();
+  EXPECT_EQ(png_frames_problem(1), "");
+  std::string e;
+  try {
+    write_png_output(target, rgb.data(), 4, 4, 3, {{"Software", "tprun 1"}});
+  } catch (const RequestError& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("cannot write " + target), std::string::npos) << e;
+  EXPECT_NE(e.find("a PNG holds one image, and the result has 3 frames"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(fs::symlink_status(target)));
+  for (const auto& f : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(f.path().filename().string().find(".tmp"), std::string::npos) << f.path();  // no temporary left
+  }
+  // A PNG tprun wrote stays as it was.
+  write_png_output(target, rgb.data(), 4, 4, 1, {{"Software", "tprun 1"}});
+  const auto size = fs::file_size(target);
+  EXPECT_THROW(write_png_output(target, rgb.data(), 4, 4, 2, {{"Software", "tprun 1"}}), RequestError);
+  EXPECT_EQ(fs::file_size(target), size);
+  EXPECT_EQ(pipelines::read_png(target).rgb, std::vector<uint8_t>(rgb.begin(), rgb.begin() + 4 * 4 * 3));
 }
 
 }  // namespace

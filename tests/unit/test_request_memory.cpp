@@ -62,6 +62,38 @@ TEST(RequestMemory, GrowsWithSizeAndBatch) {
   EXPECT_GT(estimate_request_memory(m, shape(16384)).peak, uint64_t{256} << 30);
 }
 
+// Issue 32: results are frame sequences. One frame is the image it always
+// was (whatever the VAE's temporal factor); more frames grow the decode by
+// the frames a latent frame becomes and the output by all of them.
+TEST(RequestMemory, FramesScaleTheDecodeAndLeaveImagesAlone) {
+  const MemoryModel image_vae = flux1();
+  MemoryModel video_vae = flux1();
+  video_vae.vae.temporal_scale_factor = 4;
+  const RequestShape one = shape(512);
+  EXPECT_EQ(one.frames, 1);
+  const auto e1 = estimate_request_memory(image_vae, one);
+  const auto v1 = estimate_request_memory(video_vae, one);
+  EXPECT_EQ(v1.decode, e1.decode);
+  EXPECT_EQ(v1.peak, e1.peak);
+  RequestShape two = one, nine = one, eightyone = one;
+  two.frames = 2;
+  nine.frames = 9;
+  eightyone.frames = 81;
+  const uint64_t d2 = estimate_request_memory(video_vae, two).decode;
+  const uint64_t d9 = estimate_request_memory(video_vae, nine).decode;
+  const uint64_t d81 = estimate_request_memory(video_vae, eightyone).decode;
+  EXPECT_GT(d2, e1.decode);
+  EXPECT_GT(d9, d2);
+  EXPECT_GT(d81, d9);
+  // Past the temporal chunk only the decoded frames grow, by the same bytes a frame.
+  const double per_frame = 512.0 * 512 * 3 * (4 + 4 + 4 + 1 + 1);
+  EXPECT_NEAR(static_cast<double>(d81 - d9), 72 * per_frame, 1.0);
+  // An image VAE's activations do not span frames: only the output grows.
+  EXPECT_NEAR(static_cast<double>(estimate_request_memory(image_vae, nine).decode - e1.decode), 8 * per_frame, 1.0);
+  // The step and the text do not depend on frames here (the pipeline's latent tokens carry them).
+  EXPECT_EQ(estimate_request_memory(video_vae, nine).step, e1.step);
+}
+
 TEST(RequestMemory, DecodeMatchesTheMeasuredFluxVae) {
   // docs/benchmarks.md "Memory": FLUX.1's VAE decode, fp32, peak RSS minus
   // ~0.6 GiB of weights and libtorch: 1024² 3.5 GiB, 2048² 14.0 GiB.
