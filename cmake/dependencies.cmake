@@ -10,10 +10,9 @@ if(DEFINED ENV{TPRUN_VENV})
 else()
   set(_tprun_venv "$ENV{HOME}/.cache/tprun/venv")
 endif()
-# The venv's Python (diffusers, transformers) runs the parity tests.
-if(EXISTS "${_tprun_venv}/bin/python")
-  set(TPRUN_PYTHON "${_tprun_venv}/bin/python")
-endif()
+# The venv's Python (diffusers, transformers) runs the script and parity tests; tests/CMakeLists.txt
+# checks it holds tools/requirements.txt and says what is missing where it does not.
+set(TPRUN_VENV_PYTHON "${_tprun_venv}/bin/python")
 if(NOT Torch_DIR AND NOT DEFINED ENV{Torch_DIR})
   if(EXISTS "${_tprun_venv}/bin/python")
     execute_process(

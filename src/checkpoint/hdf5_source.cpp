@@ -15,8 +15,8 @@
 #include "checkpoint/hdf5_util.h"
 #include "checkpoint/hdf5_writer.h"
 #include "checkpoint/safetensors_source.h"
-#include "checkpoint/strict_json.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::checkpoint {
 namespace fs = std::filesystem;

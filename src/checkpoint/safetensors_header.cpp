@@ -11,8 +11,8 @@
 
 #include <fmt/format.h>
 
-#include "checkpoint/strict_json.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::checkpoint {
 namespace {

@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/strict_json.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::jobs {
 
@@ -81,7 +81,7 @@ std::string encode_keys(const std::vector<std::pair<std::string, models::TensorM
 }
 
 std::vector<std::string> decode_keys(const std::string& text, const std::string& file) {
-  const nlohmann::json keys = checkpoint::parse_strict_json(text, file, "the embedding keys");
+  const nlohmann::json keys = parse_strict_json(text, file, "the embedding keys");
   if (!keys.is_array()) throw CheckpointError(fmt::format("{}: __metadata__ '{}' is not a JSON array", file, kKeysKey));
   std::vector<std::string> out;
   out.reserve(keys.size());
@@ -108,7 +108,7 @@ std::vector<std::string> decode_keys(const std::string& text, const std::string&
 }
 
 std::vector<std::string> decode_hashes(const std::string& text, size_t keys, const std::string& file) {
-  const nlohmann::json hashes = checkpoint::parse_strict_json(text, file, "the embedding hashes");
+  const nlohmann::json hashes = parse_strict_json(text, file, "the embedding hashes");
   if (!hashes.is_array() || hashes.size() != keys) {
     throw CheckpointError(fmt::format("{}: __metadata__ '{}' is not a JSON array of one hash for each of its {} keys",
                                       file, kHashesKey, keys));

@@ -1,4 +1,4 @@
-// Manifest parsing with toml++ (memory/strict_toml.h): strict keys and types,
+// Manifest parsing with toml++ (runtime/strict_toml.h): strict keys and types,
 // file:line in every message, CLI overrides applied to the document before
 // validation.
 #include "jobs/manifest.h"
@@ -14,22 +14,16 @@
 
 #include "jobs/output_folder.h"
 #include "memory/memory_table.h"
-#include "memory/strict_toml.h"
 #include "pipelines/request_checks.h"
 #include "runtime/error.h"
 #include "runtime/rank_env.h"
 #include "runtime/size_string.h"
+#include "runtime/strict_toml.h"
 
 namespace tprun::jobs {
 namespace fs = std::filesystem;
 
 namespace {
-
-using memory::FieldHandler;
-using memory::FieldReader;
-using memory::TomlDoc;
-using memory::table_at;
-using memory::walk_table;
 
 std::string resolve(const std::string& manifest, const std::string& p) {
   if (p.empty() || fs::path(p).is_absolute()) return p;
@@ -136,7 +130,7 @@ void read_output_table(const TomlDoc& doc, const toml::table& table, Manifest& m
                }},
               {"formats", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
                  if (!v.is_array()) {
-                   doc.fail(r.key(f), v, fmt::format("must be an array, found {}", memory::toml_type_name(v)));
+                   doc.fail(r.key(f), v, fmt::format("must be an array, found {}", toml_type_name(v)));
                  }
                  m.png = m.hdf5 = m.latents = false;
                  for (const auto& e : *v.as_array()) {
@@ -274,8 +268,8 @@ Manifest parse_manifest(const std::string& path, const std::vector<Override>& ov
 
 Manifest parse_manifest_text(const std::string& text, const std::string& path, const std::vector<Override>& overrides) {
   TomlDoc doc(path, "--set");
-  toml::table root = memory::parse_toml_document(text, path);
-  for (const auto& o : overrides) memory::apply_override(root, o, doc);
+  toml::table root = parse_toml_document(text, path);
+  for (const auto& o : overrides) apply_override(root, o, doc);
   Manifest m;
   m.path = path;
   read_manifest_root(doc, root, m);

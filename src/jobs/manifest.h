@@ -77,7 +77,7 @@ struct Manifest {
 // key=value, the key dotted ("defaults.steps", "output.dir", "model"). The
 // value is read as TOML ("4", "3.5", "true", "\"x\"", "[\"png\"]"); a value
 // that is not valid TOML is taken as a string (so `--set model=/data/m` works).
-using Override = std::pair<std::string, std::string>;  // the type memory::apply_override takes
+using Override = std::pair<std::string, std::string>;  // the type apply_override (runtime/strict_toml.h) takes
 Override parse_override(const std::string& text);  // ConfigError for a text without '='
 
 // Parses and validates; relative paths are resolved against the manifest's

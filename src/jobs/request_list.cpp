@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/strict_json.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::jobs {
 namespace {
@@ -116,7 +116,7 @@ struct LineReader {
 nlohmann::json parse_line_object(const LineReader& in, const std::string& text) {
   nlohmann::json j;
   try {
-    j = checkpoint::parse_strict_json(text, in.file, fmt::format("line {}", in.line));
+    j = parse_strict_json(text, in.file, fmt::format("line {}", in.line));
   } catch (const Error& e) {
     in.fail("json", e.what());
   }

@@ -1,13 +1,13 @@
 #pragma once
 // The [memory] table (memory_options.h) as a job manifest holds it and as
 // `--memory KEY=VALUE` (generate, forward, verify, bench) sets it: one reader
-// for both, with file:line or the flag in every message (strict_toml.h).
+// for both, with file:line or the flag in every message (runtime/strict_toml.h).
 
 #include <string>
 #include <vector>
 
 #include "memory/memory_options.h"
-#include "memory/strict_toml.h"
+#include "runtime/strict_toml.h"
 
 namespace tprun::memory {
 

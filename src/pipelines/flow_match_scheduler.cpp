@@ -9,7 +9,7 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <fmt/format.h>
 
-#include "checkpoint/strict_json.h"
+#include "runtime/strict_json.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {

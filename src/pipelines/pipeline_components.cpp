@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/pipeline_folder.h"
-#include "checkpoint/strict_json.h"
+#include "runtime/strict_json.h"
 #include "memory/memory_options.h"
 #include "runtime/error.h"
 

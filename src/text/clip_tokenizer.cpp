@@ -6,10 +6,10 @@
 
 #include <fmt/format.h>
 
-#include "checkpoint/strict_json.h"
+#include "runtime/error.h"
+#include "runtime/strict_json.h"
 #include "text/byte_level.h"
 #include "text/clip_text_clean.h"
-#include "runtime/error.h"
 
 namespace tprun::text {
 namespace fs = std::filesystem;
@@ -45,7 +45,7 @@ ClipTokenizer::ClipTokenizer(const std::string& dir) : dir_(dir) {
 }
 
 void ClipTokenizer::read_vocab(const std::string& path) {
-  const nlohmann::json vocab = checkpoint::read_json_file(path, "CLIP vocabulary");
+  const nlohmann::json vocab = read_json_file(path, "CLIP vocabulary");
   if (!vocab.is_object() || vocab.empty())
     throw CheckpointError(fmt::format("{}: not a non-empty JSON object of token -> id", path));
   for (const auto& [token, id] : vocab.items()) {

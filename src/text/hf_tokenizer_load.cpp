@@ -14,10 +14,10 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/strict_json.h"
+#include "runtime/error.h"
+#include "runtime/strict_json.h"
 #include "text/hf_tokenizer_impl.h"
 #include "text/hf_vocab_merges.h"
-#include "runtime/error.h"
 
 namespace tprun::text {
 namespace fs = std::filesystem;
@@ -49,7 +49,7 @@ json read_bounded_json(const fs::path& path, const std::string& what) {
   if (static_cast<int64_t>(size) > HfTokenizerLimits::kMaxFileBytes)
     throw CheckpointError(fmt::format("{}: {} bytes, above the limit of {} for a {}", path.string(), size,
                                       HfTokenizerLimits::kMaxFileBytes, what));
-  return checkpoint::read_json_file(path.string(), what);
+  return read_json_file(path.string(), what);
 }
 
 std::string read_text(const fs::path& path) {

@@ -13,8 +13,8 @@
 
 #include <fmt/format.h>
 
-#include "checkpoint/strict_json.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::text {
 namespace fs = std::filesystem;
@@ -56,7 +56,7 @@ std::string read_bounded_file(const fs::path& path, const std::string& what) {
 json read_object_file(const fs::path& path, const std::string& what, bool optional) {
   std::error_code ec;
   if (optional && !fs::exists(path, ec)) return json::object();
-  json j = checkpoint::parse_strict_json(read_bounded_file(path, what), path.string(), what);
+  json j = parse_strict_json(read_bounded_file(path, what), path.string(), what);
   if (!j.is_object()) throw CheckpointError(fmt::format("{}: the {} is not a JSON object", path.string(), what));
   return j;
 }

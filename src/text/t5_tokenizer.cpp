@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 #include <sentencepiece_processor.h>
 
-#include "checkpoint/strict_json.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::text {
 namespace fs = std::filesystem;

@@ -1,5 +1,4 @@
 #include "text/tokenizer_common.h"
-#include "checkpoint/strict_json.h"
 
 #include <filesystem>
 
@@ -9,6 +8,7 @@
 #include <unicode/uchar.h>
 
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::text {
 
@@ -175,7 +175,7 @@ bool is_python_space(char32_t c) {
 nlohmann::json read_optional_json(const std::string& path, const std::string& what) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return nlohmann::json::object();
-  nlohmann::json j = checkpoint::read_json_file(path, what);
+  nlohmann::json j = read_json_file(path, what);
   if (!j.is_object()) throw CheckpointError(fmt::format("{}: {} is not a JSON object", path, what));
   return j;
 }

@@ -21,8 +21,8 @@
 #include <string_view>
 
 #include "checkpoint/component_checkpoint.h"
-#include "checkpoint/strict_json.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace {
 
@@ -90,7 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   // (1) strict JSON on its own.
   try {
-    (void)parse_strict_json(std::string_view(text), "fuzz.json", "the fuzz input");
+    (void)tprun::parse_strict_json(std::string_view(text), "fuzz.json", "the fuzz input");
   } catch (const tprun::Error& e) {
     check_error(e, "fuzz.json");
   }

@@ -25,9 +25,9 @@
 #include <string_view>
 #include <vector>
 
-#include "checkpoint/strict_json.h"
 #include "models/model_config.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace {
 
@@ -144,7 +144,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   json c;
   try {
-    c = tprun::checkpoint::parse_strict_json(config_text, kPath, "config.json");
+    c = tprun::parse_strict_json(config_text, kPath, "config.json");
   } catch (const tprun::CheckpointError& e) {
     accept(e, "");
     return 0;

@@ -18,10 +18,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/strict_json.h"
 #include "checkpoint/tensor_file.h"
 #include "pipelines/flow_match_scheduler.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 #include "test_data.h"
 
 namespace tprun::pipelines {
@@ -74,7 +74,7 @@ TEST(FlowMatchScheduler, ReadsFluxDevConfig) {
 }
 
 TEST(FlowMatchScheduler, TimestepsAndSigmasMatchDiffusers) {
-  const json spec = checkpoint::read_json_file((case_dir() / "case.json").string(), "case");
+  const json spec = read_json_file((case_dir() / "case.json").string(), "case");
   const double tol = spec.at("tolerance").at("max_abs_diff").get<double>();
   ASSERT_LE(tol, 1e-4);
   const auto expected = checkpoint::read_tensor_file((case_dir() / "expected.safetensors").string());

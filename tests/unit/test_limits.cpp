@@ -8,9 +8,9 @@
 #include <gtest/gtest.h>
 
 #include "checkpoint/safetensors_header.h"
-#include "checkpoint/strict_json.h"
 #include "jobs/job_schedule.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 #include "runtime/thread_budget.h"
 
 namespace tprun {
@@ -45,7 +45,7 @@ TEST(Limits, StrictJsonDuplicateAmongManyKeys) {
   for (int i = 0; i < 100000; ++i) json += fmt::format(R"("k{}":{{"a":{}}},)", i, i);
   json += R"("k5":{"a":1}})";
   try {
-    checkpoint::parse_strict_json(json, "f.json", "x");
+    parse_strict_json(json, "f.json", "x");
     FAIL() << "no error";
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("has the key 'k5' twice"), std::string::npos) << e.what();

@@ -31,8 +31,8 @@
 #include "checkpoint/dtype.h"
 #include "checkpoint/safetensors_header.h"
 #include "checkpoint/safetensors_writer.h"
-#include "checkpoint/strict_json.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 #include "test_data.h"
 
 namespace tprun::checkpoint {

@@ -20,7 +20,7 @@
 #define TOML_ASSERT(expr) static_cast<void>(0)
 #include <toml++/toml.h>
 
-namespace tprun::memory {
+namespace tprun {
 
 // key=value, the key dotted ("defaults.steps", "memory.vae_tiling").
 using TomlOverride = std::pair<std::string, std::string>;
@@ -86,4 +86,4 @@ void apply_override(toml::table& root, const TomlOverride& o, TomlDoc& doc);
 // strings (TOML forbids them; toml++ 3.3 asserts on some, e.g. "[\r\0").
 void refuse_non_ascii_outside_strings(const std::string& text, const std::string& where);
 
-}  // namespace tprun::memory
+}  // namespace tprun

@@ -1,4 +1,4 @@
-#include "checkpoint/strict_json.h"
+#include "runtime/strict_json.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 
 #include "runtime/error.h"
 
-namespace tprun::checkpoint {
+namespace tprun {
 namespace {
 
 constexpr size_t kMaxDepth = 64;
@@ -158,4 +158,4 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
   return parse_strict_json(read_whole_file(path, what), path, what);
 }
 
-}  // namespace tprun::checkpoint
+}  // namespace tprun

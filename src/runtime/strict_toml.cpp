@@ -1,4 +1,4 @@
-#include "memory/strict_toml.h"
+#include "runtime/strict_toml.h"
 
 #include <cstring>
 #include <vector>
@@ -8,7 +8,7 @@
 
 #include "runtime/error.h"
 
-namespace tprun::memory {
+namespace tprun {
 
 std::string TomlDoc::flag_key(const std::string& key) const {
   const bool strip = !flag_prefix.empty() && key.rfind(flag_prefix, 0) == 0;
@@ -191,4 +191,4 @@ void refuse_non_ascii_outside_strings(const std::string& text, const std::string
   }
 }
 
-}  // namespace tprun::memory
+}  // namespace tprun
