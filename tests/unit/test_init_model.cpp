@@ -224,16 +224,16 @@ TEST(FluxPresets, ConfigsFitTogether) {
   for (const auto& name : presets::flux_preset_names()) {
     SCOPED_TRACE(name);
     const auto p = presets::flux_preset(name);
-    const auto c = presets::flux_pipeline_configs(p, 1500, 600);
-    EXPECT_EQ(c.transformer["in_channels"], 4 * c.vae["latent_channels"].get<int64_t>());
-    EXPECT_EQ(c.transformer["pooled_projection_dim"], c.text_encoder["hidden_size"]);
-    EXPECT_EQ(c.transformer["joint_attention_dim"], c.text_encoder_2["d_model"]);
-    EXPECT_EQ(c.text_encoder["vocab_size"], 1500);
-    EXPECT_EQ(c.text_encoder_2["vocab_size"], 640);  // 600 rounded up to a multiple of 64
-    EXPECT_EQ(c.vae["block_out_channels"].size(), 4u);  // vae scale factor 8
-    EXPECT_EQ(c.model_index["tokenizer_2"], json::array({"transformers", "T5TokenizerFast"}));
-    EXPECT_EQ(c.model_index["image_encoder"], json::array({nullptr, nullptr}));
-    EXPECT_EQ(c.text_encoder["architectures"], json::array({"CLIPTextModel"}));
+    const auto c = presets::flux_pipeline_preset(p, 1500, 600);
+    EXPECT_EQ(c.config("transformer")["in_channels"], 4 * c.config("vae")["latent_channels"].get<int64_t>());
+    EXPECT_EQ(c.config("transformer")["pooled_projection_dim"], c.config("text_encoder")["hidden_size"]);
+    EXPECT_EQ(c.config("transformer")["joint_attention_dim"], c.config("text_encoder_2")["d_model"]);
+    EXPECT_EQ(c.config("text_encoder")["vocab_size"], 1500);
+    EXPECT_EQ(c.config("text_encoder_2")["vocab_size"], 640);  // 600 rounded up to a multiple of 64
+    EXPECT_EQ(c.config("vae")["block_out_channels"].size(), 4u);  // vae scale factor 8
+    EXPECT_EQ(c.model_index()["tokenizer_2"], json::array({"transformers", "T5TokenizerFast"}));
+    EXPECT_EQ(c.model_index()["image_encoder"], json::array({nullptr, nullptr}));
+    EXPECT_EQ(c.config("text_encoder")["architectures"], json::array({"CLIPTextModel"}));
     EXPECT_EQ(c.scheduler["use_dynamic_shifting"], true);
   }
   EXPECT_EQ(presets::flux_preset("small").num_attention_heads * presets::flux_preset("small").attention_head_dim, 256);
@@ -241,29 +241,29 @@ TEST(FluxPresets, ConfigsFitTogether) {
 }
 
 TEST(FluxPresets, MismatchesAreConfigErrors) {
-  auto c = presets::flux_pipeline_configs(presets::flux_preset("tiny"), 1500, 600);
-  auto expect_error = [&](const presets::FluxPipelineConfigs& bad, const std::string& field) {
+  auto c = presets::flux_pipeline_preset(presets::flux_preset("tiny"), 1500, 600);
+  auto expect_error = [&](const presets::PipelinePreset& bad, const std::string& field) {
     try {
-      presets::check_flux_pipeline_configs(bad, 1500, 600);
+      presets::check_flux_pipeline_preset(bad, 1500, 600);
       ADD_FAILURE() << "no error for " << field;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
     }
   };
   auto bad = c;
-  bad.transformer["pooled_projection_dim"] = 48;
+  bad.config("transformer")["pooled_projection_dim"] = 48;
   expect_error(bad, "pooled_projection_dim");
   bad = c;
-  bad.text_encoder_2["d_model"] = 64;
+  bad.config("text_encoder_2")["d_model"] = 64;
   expect_error(bad, "joint_attention_dim");
   bad = c;
-  bad.text_encoder_2["vocab_size"] = 512;
+  bad.config("text_encoder_2")["vocab_size"] = 512;
   expect_error(bad, "vocab_size");
   bad = c;
-  bad.vae["norm_num_groups"] = 3;
+  bad.config("vae")["norm_num_groups"] = 3;
   expect_error(bad, "norm_num_groups");
   bad = c;
-  bad.transformer["axes_dims_rope"] = json::array({4, 4, 4});
+  bad.config("transformer")["axes_dims_rope"] = json::array({4, 4, 4});
   expect_error(bad, "axes_dims_rope");
 }
 
