@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -20,7 +21,10 @@
 #include "checkpoint/safetensors_header.h"
 #include "models/init_weights.h"
 #include "models/model_registry.h"
+#include "presets/flux2_presets.h"
 #include "presets/flux_presets.h"
+#include "presets/pipeline_preset.h"
+#include "presets/qwen_image_presets.h"
 #include "text/bpe_trainer.h"
 #include "text/byte_level.h"
 #include "text/clip_text_clean.h"
@@ -265,6 +269,69 @@ TEST(FluxPresets, MismatchesAreConfigErrors) {
   bad = c;
   bad.config("transformer")["axes_dims_rope"] = json::array({4, 4, 4});
   expect_error(bad, "axes_dims_rope");
+}
+
+// model_index.json follows from the components' configs (library and class),
+// the tokenizers and the family's own entries; an unknown component is a
+// ConfigError naming it.
+TEST(PipelinePreset, ModelIndexFollowsFromTheComponents) {
+  const auto klein = presets::flux2_pipeline_preset(presets::flux2_preset("flux2-klein", "tiny"), 1000);
+  EXPECT_EQ(klein.model_index(), json({{"_class_name", "Flux2KleinPipeline"},
+                                       {"_diffusers_version", presets::kDiffusersVersion},
+                                       {"is_distilled", false},
+                                       {"scheduler", json::array({"diffusers", "FlowMatchEulerDiscreteScheduler"})},
+                                       {"text_encoder", json::array({"transformers", "Qwen3ForCausalLM"})},
+                                       {"tokenizer", json::array({"transformers", "Qwen2TokenizerFast"})},
+                                       {"transformer", json::array({"diffusers", "Flux2Transformer2DModel"})},
+                                       {"vae", json::array({"diffusers", "AutoencoderKLFlux2"})}}));
+  const auto qwen = presets::qwen_image_pipeline_preset(presets::qwen_image_preset("tiny"), 1000);
+  const json index = qwen.model_index();
+  EXPECT_EQ(index["text_encoder"], json::array({"transformers", "Qwen2_5_VLForConditionalGeneration"}));
+  EXPECT_EQ(index["tokenizer"], json::array({"transformers", "Qwen2Tokenizer"}));
+  EXPECT_EQ(index.count("is_distilled"), 0u);
+  // Qwen-Image's scheduler: its own shift over the flow-match defaults.
+  EXPECT_EQ(qwen.scheduler["max_image_seq_len"], 8192);
+  EXPECT_EQ(qwen.scheduler["shift_terminal"], 0.02);
+  EXPECT_EQ(qwen.scheduler["base_shift"], 0.5);
+  EXPECT_EQ(qwen.config("vae")["_class_name"], "AutoencoderKLQwenImage");
+  try {
+    (void)qwen.config("text_encoder_2");
+    ADD_FAILURE() << "no error for a component the preset does not have";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("text_encoder_2"), std::string::npos) << e.what();
+  }
+}
+
+// Every family has "tiny" (its defaults) and "small"; an unknown name is one
+// ConfigError naming both.
+TEST(PipelinePreset, TinyAndSmallForEveryFamily) {
+  EXPECT_EQ(presets::qwen_image_preset("tiny").num_layers, 2);
+  EXPECT_EQ(presets::qwen_image_preset("small").num_layers, 4);
+  EXPECT_EQ(presets::qwen_image_preset("small").name, "small");
+  EXPECT_EQ(presets::flux2_preset("flux2-dev", "small").text_layers, 31);  // the arch's own default stays
+  EXPECT_EQ(presets::flux2_preset("flux2-klein", "small").merges, 3000);
+  for (const auto& f : std::vector<std::function<void()>>{[] { presets::flux_preset("huge"); },
+                                                          [] { presets::flux2_preset("flux2-klein", "huge"); },
+                                                          [] { presets::qwen_image_preset("huge"); }}) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for an unknown preset";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("unknown preset 'huge'; choose one of: tiny, small"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// The tokenizer folders are the family's to write first: a preset whose
+// tokenizer folder is missing writes nothing.
+TEST(PipelinePreset, RefusesAFolderWithoutItsTokenizers) {
+  TempDir tmp;
+  presets::InitModelSummary summary;
+  const auto qwen = presets::qwen_image_pipeline_preset(presets::qwen_image_preset("tiny"), 1000);
+  EXPECT_THROW(presets::write_pipeline_preset(tmp.path(), qwen, 0, summary), ConfigError);
+  EXPECT_FALSE(fs::exists(tmp.path() / "model_index.json"));
+  EXPECT_EQ(summary.tensors, 0);
 }
 
 models::TensorSpec spec(const std::string& name, std::vector<int64_t> shape, bool optional = false,
