@@ -21,7 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "presets/preset_writer.h"
+#include "presets/pipeline_preset.h"
 
 namespace tprun::presets {
 
@@ -47,10 +47,9 @@ struct Flux2Preset {
 Flux2Preset flux2_preset(const std::string& arch, const std::string& name);
 std::vector<std::string> flux2_preset_names();
 
-struct Flux2PipelineConfigs {
-  nlohmann::json model_index, scheduler, transformer, vae, text_encoder;
-};
-Flux2PipelineConfigs flux2_pipeline_configs(const Flux2Preset& preset, int64_t text_vocab_size);
+// The folder of `preset` for a tokenizer of `text_vocab_size` ids. Components:
+// transformer, vae, text_encoder; tokenizer: tokenizer.
+PipelinePreset flux2_pipeline_preset(const Flux2Preset& preset, int64_t text_vocab_size);
 
 // Writes the whole folder atomically (as write_flux_pipeline does).
 InitModelSummary write_flux2_pipeline(const std::string& dir, const Flux2Preset& preset, uint64_t seed, bool force);

@@ -17,10 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "presets/preset_writer.h"
+#include "presets/pipeline_preset.h"
 
 namespace tprun::presets {
-
 
 struct FluxPreset {
   std::string name;
@@ -44,21 +43,15 @@ struct FluxPreset {
 FluxPreset flux_preset(const std::string& name);
 std::vector<std::string> flux_preset_names();
 
-struct FluxPipelineConfigs {
-  nlohmann::json model_index, scheduler, transformer, vae, text_encoder, text_encoder_2;
-};
-
-// The config files of `preset` for tokenizers of these sizes: the CLIP
-// vocabulary and the T5 tokenizer's length (T5 vocab_size rounds it up to a
-// multiple of 64, as T5's 32128 rows hold 32100 tokens).
-FluxPipelineConfigs flux_pipeline_configs(const FluxPreset& preset, int64_t clip_vocab_size,
-                                          int64_t t5_tokenizer_length);
+// The folder of `preset` for tokenizers of these sizes: the CLIP vocabulary
+// and the T5 tokenizer's length (T5 vocab_size rounds it up to a multiple of
+// 64, as T5's 32128 rows hold 32100 tokens). Components: transformer, vae,
+// text_encoder (CLIP), text_encoder_2 (T5); tokenizers: tokenizer, tokenizer_2.
+PipelinePreset flux_pipeline_preset(const FluxPreset& preset, int64_t clip_vocab_size, int64_t t5_tokenizer_length);
 
 // ConfigError naming both fields when the components do not fit together (see
 // the top of this file) or a size is not positive / not divisible.
-void check_flux_pipeline_configs(const FluxPipelineConfigs& configs, int64_t clip_vocab_size,
-                                 int64_t t5_tokenizer_length);
-
+void check_flux_pipeline_preset(const PipelinePreset& preset, int64_t clip_vocab_size, int64_t t5_tokenizer_length);
 
 // Writes the whole pipeline folder to `dir`, atomically: it is built in
 // `dir`.tmp-<pid> and renamed into place (removed again on failure). An

@@ -71,7 +71,9 @@ json split_then_byte_level(const char* pattern) {
                         byte_level(false)})}};
 }
 
-void check_vocab(const std::string& dir, const ByteLevelBpe& bpe) {
+}  // namespace
+
+void check_byte_level_bpe(const std::string& dir, const ByteLevelBpe& bpe) {
   std::unordered_set<std::string> seen;
   for (const auto& t : bpe.tokens)
     if (!seen.insert(t).second) throw ConfigError(fmt::format("{}: BPE token '{}' would get two ids", dir, t));
@@ -79,7 +81,43 @@ void check_vocab(const std::string& dir, const ByteLevelBpe& bpe) {
     throw ConfigError(fmt::format("{}: a byte-level BPE has 256 byte tokens and one per merge", dir));
 }
 
-}  // namespace
+std::string merges_txt(const ByteLevelBpe& bpe) {
+  std::string merges = "#version: 0.2\n";
+  for (const auto& [a, b] : bpe.merges) merges += a + " " + b + "\n";
+  return merges;
+}
+
+const std::vector<QwenAddedToken>& qwen2_added_tokens() {
+  static const std::vector<QwenAddedToken> kTokens = {
+      {"<|endoftext|>", true},      {"<|im_start|>", true},     {"<|im_end|>", true},      {"<|object_ref_start|>", true},
+      {"<|object_ref_end|>", true}, {"<|box_start|>", true},    {"<|box_end|>", true},     {"<|quad_start|>", true},
+      {"<|quad_end|>", true},       {"<|vision_start|>", true}, {"<|vision_end|>", true},  {"<|vision_pad|>", true},
+      {"<|image_pad|>", true},      {"<|video_pad|>", true},    {"<tool_call>", false},    {"</tool_call>", false},
+      {"<|fim_prefix|>", false},    {"<|fim_middle|>", false},  {"<|fim_suffix|>", false}, {"<|fim_pad|>", false},
+      {"<|repo_name|>", false},     {"<|file_sep|>", false}};
+  return kTokens;
+}
+
+json qwen2_tokenizer_config(const std::vector<QwenAddedToken>& added, int64_t first_id, int64_t model_max_length) {
+  json decoder = json::object(), extra = json::array();
+  for (size_t k = 0; k < added.size(); ++k) {
+    decoder[std::to_string(first_id + static_cast<int64_t>(k))] = decoder_entry(added[k].content, added[k].special);
+    if (added[k].special && k > 0) extra.push_back(added[k].content);  // all but <|endoftext|>
+  }
+  return {{"add_bos_token", false},
+          {"add_prefix_space", false},
+          {"added_tokens_decoder", decoder},
+          {"additional_special_tokens", extra},
+          {"bos_token", nullptr},
+          {"clean_up_tokenization_spaces", false},
+          {"eos_token", "<|im_end|>"},
+          {"errors", "replace"},
+          {"model_max_length", model_max_length},
+          {"pad_token", "<|endoftext|>"},
+          {"split_special_tokens", false},
+          {"tokenizer_class", "Qwen2Tokenizer"},
+          {"unk_token", nullptr}};
+}
 
 ByteLevelBpe train_byte_level_bpe(const std::vector<std::string>& texts, const std::string& split_pattern,
                                   int64_t num_merges) {
@@ -126,29 +164,16 @@ ByteLevelBpe train_byte_level_bpe(const std::vector<std::string>& texts, const s
 }
 
 int64_t write_qwen3_tokenizer(const std::string& dir, const ByteLevelBpe& bpe, int64_t model_max_length) {
-  check_vocab(dir, bpe);
+  check_byte_level_bpe(dir, bpe);
   const fs::path root(dir);
   fs::create_directories(root);
-  struct Special {
-    const char* content;
-    bool special;
-  };
-  static const Special kAdded[] = {
-      {"<|endoftext|>", true},     {"<|im_start|>", true},     {"<|im_end|>", true},     {"<|object_ref_start|>", true},
-      {"<|object_ref_end|>", true}, {"<|box_start|>", true},    {"<|box_end|>", true},    {"<|quad_start|>", true},
-      {"<|quad_end|>", true},       {"<|vision_start|>", true}, {"<|vision_end|>", true}, {"<|vision_pad|>", true},
-      {"<|image_pad|>", true},      {"<|video_pad|>", true},    {"<tool_call>", false},   {"</tool_call>", false},
-      {"<|fim_prefix|>", false},    {"<|fim_middle|>", false},  {"<|fim_suffix|>", false}, {"<|fim_pad|>", false},
-      {"<|repo_name|>", false},     {"<|file_sep|>", false},    {"<tool_response>", false}, {"</tool_response>", false},
-      {"<think>", false},           {"</think>", false}};
+  std::vector<QwenAddedToken> tokens = qwen2_added_tokens();
+  tokens.insert(tokens.end(),
+                {{"<tool_response>", false}, {"</tool_response>", false}, {"<think>", false}, {"</think>", false}});
   const auto base = static_cast<int64_t>(bpe.tokens.size());
-  json added = json::array(), decoder = json::object(), extra = json::array();
-  for (size_t k = 0; k < std::size(kAdded); ++k) {
-    const int64_t id = base + static_cast<int64_t>(k);
-    added.push_back(added_entry(kAdded[k].content, id, kAdded[k].special));
-    decoder[std::to_string(id)] = decoder_entry(kAdded[k].content, kAdded[k].special);
-    if (kAdded[k].special && k > 0) extra.push_back(kAdded[k].content);
-  }
+  json added = json::array();
+  for (size_t k = 0; k < tokens.size(); ++k)
+    added.push_back(added_entry(tokens[k].content, base + static_cast<int64_t>(k), tokens[k].special));
   json tok = {{"version", "1.0"},
               {"truncation", nullptr},
               {"padding", nullptr},
@@ -160,30 +185,16 @@ int64_t write_qwen3_tokenizer(const std::string& dir, const ByteLevelBpe& bpe, i
               {"model", bpe_model(bpe, 0, false)}};
   write_json(root / "tokenizer.json", tok);
   write_json(root / "vocab.json", tok["model"]["vocab"]);
-  std::string merges = "#version: 0.2\n";
-  for (const auto& [a, b] : bpe.merges) merges += a + " " + b + "\n";
-  checkpoint::write_file_atomically((root / "merges.txt").string(), merges, false);
-  json config = {{"add_bos_token", false},
-                 {"add_prefix_space", false},
-                 {"added_tokens_decoder", decoder},
-                 {"additional_special_tokens", extra},
-                 {"bos_token", nullptr},
-                 {"chat_template", chat_template_text(text::ChatTemplateKind::kQwen3)},
-                 {"clean_up_tokenization_spaces", false},
-                 {"eos_token", "<|im_end|>"},
-                 {"errors", "replace"},
-                 {"model_max_length", model_max_length},
-                 {"pad_token", "<|endoftext|>"},
-                 {"split_special_tokens", false},
-                 {"tokenizer_class", "Qwen2Tokenizer"},
-                 {"unk_token", nullptr}};
+  checkpoint::write_file_atomically((root / "merges.txt").string(), merges_txt(bpe), false);
+  json config = qwen2_tokenizer_config(tokens, base, model_max_length);
+  config["chat_template"] = chat_template_text(text::ChatTemplateKind::kQwen3);
   write_json(root / "tokenizer_config.json", config);
-  return base + static_cast<int64_t>(std::size(kAdded));
+  return base + static_cast<int64_t>(tokens.size());
 }
 
 int64_t write_mistral3_tokenizer(const std::string& dir, const ByteLevelBpe& bpe, int64_t num_special,
                                  int64_t model_max_length) {
-  check_vocab(dir, bpe);
+  check_byte_level_bpe(dir, bpe);
   static const char* kNamed[] = {"<unk>",          "<s>",           "</s>",           "[INST]",          "[/INST]",
                                  "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
                                  "[TOOL_CALLS]",   "[IMG]",         "<pad>",          "[IMG_BREAK]",     "[IMG_END]",

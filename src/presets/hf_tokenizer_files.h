@@ -27,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace tprun::presets {
 
 // Pre-tokenizer regexes: Qwen2/Qwen3's, and Mistral tekken's (as the FLUX.2-dev
@@ -49,6 +51,27 @@ struct ByteLevelBpe {
 // UTF-8 text.
 ByteLevelBpe train_byte_level_bpe(const std::vector<std::string>& texts, const std::string& split_pattern,
                                   int64_t num_merges);
+
+// ConfigError naming `dir` unless `bpe` is 256 byte tokens + one per merge,
+// each token once.
+void check_byte_level_bpe(const std::string& dir, const ByteLevelBpe& bpe);
+// merges.txt: "#version: 0.2", then one "a b" merge per line.
+std::string merges_txt(const ByteLevelBpe& bpe);
+
+// An added token of a Qwen tokenizer, and whether it is special.
+struct QwenAddedToken {
+  const char* content;
+  bool special;
+};
+// The added tokens every Qwen2-style tokenizer carries, in id order (Qwen2.5-VL's
+// 22: <|endoftext|> .. <|video_pad|> special, <tool_call> .. <|file_sep|> not);
+// Qwen3 appends four more.
+const std::vector<QwenAddedToken>& qwen2_added_tokens();
+// Qwen2Tokenizer's tokenizer_config.json for `added` with ids from `first_id`
+// (added_tokens_decoder; additional_special_tokens = the special ones but
+// <|endoftext|>, which is the pad token; eos <|im_end|>; no bos or unk).
+nlohmann::json qwen2_tokenizer_config(const std::vector<QwenAddedToken>& added, int64_t first_id,
+                                      int64_t model_max_length);
 
 // Writes a Qwen3-style tokenizer/ folder; returns the vocabulary size (largest
 // id + 1; the Qwen3 text encoder's vocab_size must be >= it).

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "presets/preset_writer.h"
@@ -38,6 +39,21 @@ struct PresetArch {
   // ConfigError naming the known presets for an unknown `preset`.
   std::function<ResolvedPreset(const std::string& arch, const std::string& preset)> resolve;
 };
+
+// A ResolvedPreset that writes `preset` with `write` (the family's
+// write_*_pipeline) and describes its tokenizers with `details(summary)`.
+template <typename Preset>
+ResolvedPreset resolved_preset(std::string what, Preset preset,
+                               InitModelSummary (*write)(const std::string&, const Preset&, uint64_t, bool),
+                               std::string (*details)(const InitModelSummary&)) {
+  return {std::move(what), [preset = std::move(preset), write, details](const std::string& dir, uint64_t seed,
+                                                                        bool force) {
+            WrittenPreset w;
+            w.summary = write(dir, preset, seed, force);
+            w.details = details(w.summary);
+            return w;
+          }};
+}
 
 // Every registered architecture, in --arch's order.
 std::vector<PresetArch> preset_archs();

@@ -101,23 +101,25 @@ void write_component(const fs::path& root, const std::string& component, const j
   for (const auto& t : table->tensors) summary.tensors += t.saved ? 1 : 0;
 }
 
-json flow_match_scheduler_config() {
-  return {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
-          {"_diffusers_version", kDiffusersVersion},
-          {"base_image_seq_len", 256},
-          {"base_shift", 0.5},
-          {"invert_sigmas", false},
-          {"max_image_seq_len", 4096},
-          {"max_shift", 1.15},
-          {"num_train_timesteps", 1000},
-          {"shift", 3.0},
-          {"shift_terminal", nullptr},
-          {"stochastic_sampling", false},
-          {"time_shift_type", "exponential"},
-          {"use_beta_sigmas", false},
-          {"use_dynamic_shifting", true},
-          {"use_exponential_sigmas", false},
-          {"use_karras_sigmas", false}};
+json flow_match_scheduler_config(const json& overrides) {
+  json config = {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
+                 {"_diffusers_version", kDiffusersVersion},
+                 {"base_image_seq_len", 256},
+                 {"base_shift", 0.5},
+                 {"invert_sigmas", false},
+                 {"max_image_seq_len", 4096},
+                 {"max_shift", 1.15},
+                 {"num_train_timesteps", 1000},
+                 {"shift", 3.0},
+                 {"shift_terminal", nullptr},
+                 {"stochastic_sampling", false},
+                 {"time_shift_type", "exponential"},
+                 {"use_beta_sigmas", false},
+                 {"use_dynamic_shifting", true},
+                 {"use_exponential_sigmas", false},
+                 {"use_karras_sigmas", false}};
+  config.update(overrides);
+  return config;
 }
 
 }  // namespace tprun::presets

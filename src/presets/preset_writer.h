@@ -40,8 +40,9 @@ void write_json(const std::filesystem::path& path, const nlohmann::json& j);
 void write_component(const std::filesystem::path& root, const std::string& component, const nlohmann::json& config,
                      const std::string& weights_file, uint64_t seed, InitModelSummary& summary);
 // FlowMatchEulerDiscreteScheduler's config as FLUX.1-dev and FLUX.2 ship it
-// (dynamic exponential shifting).
-nlohmann::json flow_match_scheduler_config();
+// (dynamic exponential shifting), with `overrides` in place of its values
+// (Qwen-Image's longer and gentler shift).
+nlohmann::json flow_match_scheduler_config(const nlohmann::json& overrides = nlohmann::json::object());
 
 template <typename Fill>
 void write_output_folder(const std::string& dir_arg, bool force, Fill fill) {

@@ -24,7 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "presets/preset_writer.h"
+#include "presets/pipeline_preset.h"
 
 namespace tprun::presets {
 
@@ -47,10 +47,9 @@ struct QwenImagePreset {
 QwenImagePreset qwen_image_preset(const std::string& name);
 std::vector<std::string> qwen_image_preset_names();
 
-struct QwenImagePipelineConfigs {
-  nlohmann::json model_index, scheduler, transformer, vae, text_encoder;
-};
-QwenImagePipelineConfigs qwen_image_pipeline_configs(const QwenImagePreset& preset, int64_t text_vocab_size);
+// The folder of `preset` for a tokenizer of `text_vocab_size` ids. Components:
+// transformer, vae, text_encoder; tokenizer: tokenizer.
+PipelinePreset qwen_image_pipeline_preset(const QwenImagePreset& preset, int64_t text_vocab_size);
 
 // Writes the whole folder atomically (as write_flux_pipeline does).
 InitModelSummary write_qwen_image_pipeline(const std::string& dir, const QwenImagePreset& preset, uint64_t seed,

@@ -40,11 +40,8 @@ namespace tprun::presets {
 // that is not 256 byte tokens + one per merge, or a token given twice.
 int64_t write_qwen25vl_tokenizer(const std::string& dir, const ByteLevelBpe& bpe, int64_t model_max_length = 131072);
 
-// Qwen2.5-VL's 22 added tokens in id order, and whether each is special.
-struct QwenAddedToken {
-  const char* content;
-  bool special;
-};
+// Qwen2.5-VL's 22 added tokens in id order, and whether each is special
+// (qwen2_added_tokens: those every Qwen2-style tokenizer carries).
 const std::vector<QwenAddedToken>& qwen25vl_added_tokens();
 
 }  // namespace tprun::presets

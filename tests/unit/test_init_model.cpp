@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -20,7 +21,10 @@
 #include "checkpoint/safetensors_header.h"
 #include "models/init_weights.h"
 #include "models/model_registry.h"
+#include "presets/flux2_presets.h"
 #include "presets/flux_presets.h"
+#include "presets/pipeline_preset.h"
+#include "presets/qwen_image_presets.h"
 #include "text/bpe_trainer.h"
 #include "text/byte_level.h"
 #include "text/clip_text_clean.h"
@@ -224,16 +228,16 @@ TEST(FluxPresets, ConfigsFitTogether) {
   for (const auto& name : presets::flux_preset_names()) {
     SCOPED_TRACE(name);
     const auto p = presets::flux_preset(name);
-    const auto c = presets::flux_pipeline_configs(p, 1500, 600);
-    EXPECT_EQ(c.transformer["in_channels"], 4 * c.vae["latent_channels"].get<int64_t>());
-    EXPECT_EQ(c.transformer["pooled_projection_dim"], c.text_encoder["hidden_size"]);
-    EXPECT_EQ(c.transformer["joint_attention_dim"], c.text_encoder_2["d_model"]);
-    EXPECT_EQ(c.text_encoder["vocab_size"], 1500);
-    EXPECT_EQ(c.text_encoder_2["vocab_size"], 640);  // 600 rounded up to a multiple of 64
-    EXPECT_EQ(c.vae["block_out_channels"].size(), 4u);  // vae scale factor 8
-    EXPECT_EQ(c.model_index["tokenizer_2"], json::array({"transformers", "T5TokenizerFast"}));
-    EXPECT_EQ(c.model_index["image_encoder"], json::array({nullptr, nullptr}));
-    EXPECT_EQ(c.text_encoder["architectures"], json::array({"CLIPTextModel"}));
+    const auto c = presets::flux_pipeline_preset(p, 1500, 600);
+    EXPECT_EQ(c.config("transformer")["in_channels"], 4 * c.config("vae")["latent_channels"].get<int64_t>());
+    EXPECT_EQ(c.config("transformer")["pooled_projection_dim"], c.config("text_encoder")["hidden_size"]);
+    EXPECT_EQ(c.config("transformer")["joint_attention_dim"], c.config("text_encoder_2")["d_model"]);
+    EXPECT_EQ(c.config("text_encoder")["vocab_size"], 1500);
+    EXPECT_EQ(c.config("text_encoder_2")["vocab_size"], 640);  // 600 rounded up to a multiple of 64
+    EXPECT_EQ(c.config("vae")["block_out_channels"].size(), 4u);  // vae scale factor 8
+    EXPECT_EQ(c.model_index()["tokenizer_2"], json::array({"transformers", "T5TokenizerFast"}));
+    EXPECT_EQ(c.model_index()["image_encoder"], json::array({nullptr, nullptr}));
+    EXPECT_EQ(c.config("text_encoder")["architectures"], json::array({"CLIPTextModel"}));
     EXPECT_EQ(c.scheduler["use_dynamic_shifting"], true);
   }
   EXPECT_EQ(presets::flux_preset("small").num_attention_heads * presets::flux_preset("small").attention_head_dim, 256);
@@ -241,30 +245,93 @@ TEST(FluxPresets, ConfigsFitTogether) {
 }
 
 TEST(FluxPresets, MismatchesAreConfigErrors) {
-  auto c = presets::flux_pipeline_configs(presets::flux_preset("tiny"), 1500, 600);
-  auto expect_error = [&](const presets::FluxPipelineConfigs& bad, const std::string& field) {
+  auto c = presets::flux_pipeline_preset(presets::flux_preset("tiny"), 1500, 600);
+  auto expect_error = [&](const presets::PipelinePreset& bad, const std::string& field) {
     try {
-      presets::check_flux_pipeline_configs(bad, 1500, 600);
+      presets::check_flux_pipeline_preset(bad, 1500, 600);
       ADD_FAILURE() << "no error for " << field;
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
     }
   };
   auto bad = c;
-  bad.transformer["pooled_projection_dim"] = 48;
+  bad.config("transformer")["pooled_projection_dim"] = 48;
   expect_error(bad, "pooled_projection_dim");
   bad = c;
-  bad.text_encoder_2["d_model"] = 64;
+  bad.config("text_encoder_2")["d_model"] = 64;
   expect_error(bad, "joint_attention_dim");
   bad = c;
-  bad.text_encoder_2["vocab_size"] = 512;
+  bad.config("text_encoder_2")["vocab_size"] = 512;
   expect_error(bad, "vocab_size");
   bad = c;
-  bad.vae["norm_num_groups"] = 3;
+  bad.config("vae")["norm_num_groups"] = 3;
   expect_error(bad, "norm_num_groups");
   bad = c;
-  bad.transformer["axes_dims_rope"] = json::array({4, 4, 4});
+  bad.config("transformer")["axes_dims_rope"] = json::array({4, 4, 4});
   expect_error(bad, "axes_dims_rope");
+}
+
+// model_index.json follows from the components' configs (library and class),
+// the tokenizers and the family's own entries; an unknown component is a
+// ConfigError naming it.
+TEST(PipelinePreset, ModelIndexFollowsFromTheComponents) {
+  const auto klein = presets::flux2_pipeline_preset(presets::flux2_preset("flux2-klein", "tiny"), 1000);
+  EXPECT_EQ(klein.model_index(), json({{"_class_name", "Flux2KleinPipeline"},
+                                       {"_diffusers_version", presets::kDiffusersVersion},
+                                       {"is_distilled", false},
+                                       {"scheduler", json::array({"diffusers", "FlowMatchEulerDiscreteScheduler"})},
+                                       {"text_encoder", json::array({"transformers", "Qwen3ForCausalLM"})},
+                                       {"tokenizer", json::array({"transformers", "Qwen2TokenizerFast"})},
+                                       {"transformer", json::array({"diffusers", "Flux2Transformer2DModel"})},
+                                       {"vae", json::array({"diffusers", "AutoencoderKLFlux2"})}}));
+  const auto qwen = presets::qwen_image_pipeline_preset(presets::qwen_image_preset("tiny"), 1000);
+  const json index = qwen.model_index();
+  EXPECT_EQ(index["text_encoder"], json::array({"transformers", "Qwen2_5_VLForConditionalGeneration"}));
+  EXPECT_EQ(index["tokenizer"], json::array({"transformers", "Qwen2Tokenizer"}));
+  EXPECT_EQ(index.count("is_distilled"), 0u);
+  // Qwen-Image's scheduler: its own shift over the flow-match defaults.
+  EXPECT_EQ(qwen.scheduler["max_image_seq_len"], 8192);
+  EXPECT_EQ(qwen.scheduler["shift_terminal"], 0.02);
+  EXPECT_EQ(qwen.scheduler["base_shift"], 0.5);
+  EXPECT_EQ(qwen.config("vae")["_class_name"], "AutoencoderKLQwenImage");
+  try {
+    (void)qwen.config("text_encoder_2");
+    ADD_FAILURE() << "no error for a component the preset does not have";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("text_encoder_2"), std::string::npos) << e.what();
+  }
+}
+
+// Every family has "tiny" (its defaults) and "small"; an unknown name is one
+// ConfigError naming both.
+TEST(PipelinePreset, TinyAndSmallForEveryFamily) {
+  EXPECT_EQ(presets::qwen_image_preset("tiny").num_layers, 2);
+  EXPECT_EQ(presets::qwen_image_preset("small").num_layers, 4);
+  EXPECT_EQ(presets::qwen_image_preset("small").name, "small");
+  EXPECT_EQ(presets::flux2_preset("flux2-dev", "small").text_layers, 31);  // the arch's own default stays
+  EXPECT_EQ(presets::flux2_preset("flux2-klein", "small").merges, 3000);
+  for (const auto& f : std::vector<std::function<void()>>{[] { presets::flux_preset("huge"); },
+                                                          [] { presets::flux2_preset("flux2-klein", "huge"); },
+                                                          [] { presets::qwen_image_preset("huge"); }}) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for an unknown preset";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("unknown preset 'huge'; choose one of: tiny, small"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// The tokenizer folders are the family's to write first: a preset whose
+// tokenizer folder is missing writes nothing.
+TEST(PipelinePreset, RefusesAFolderWithoutItsTokenizers) {
+  TempDir tmp;
+  presets::InitModelSummary summary;
+  const auto qwen = presets::qwen_image_pipeline_preset(presets::qwen_image_preset("tiny"), 1000);
+  EXPECT_THROW(presets::write_pipeline_preset(tmp.path(), qwen, 0, summary), ConfigError);
+  EXPECT_FALSE(fs::exists(tmp.path() / "model_index.json"));
+  EXPECT_EQ(summary.tensors, 0);
 }
 
 models::TensorSpec spec(const std::string& name, std::vector<int64_t> shape, bool optional = false,

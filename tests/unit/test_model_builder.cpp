@@ -129,12 +129,13 @@ TEST(TensorCensus, CountsDistinctBlockIndicesUnderAPrefix) {
 // Every component config the presets write (FLUX.1 transformer, CLIP, T5,
 // AutoencoderKL; FLUX.2 transformer, AutoencoderKLFlux2, Qwen3, Mistral3).
 std::vector<std::pair<std::string, nlohmann::json>> preset_configs() {
-  const auto f1 = presets::flux_pipeline_configs(presets::flux_preset("tiny"), 1000, 600);
-  const auto klein = presets::flux2_pipeline_configs(presets::flux2_preset("flux2-klein", "tiny"), 1000);
-  const auto dev = presets::flux2_pipeline_configs(presets::flux2_preset("flux2-dev", "tiny"), 1000);
-  return {{"flux", f1.transformer},          {"clip", f1.text_encoder},     {"t5", f1.text_encoder_2},
-          {"vae", f1.vae},                   {"flux2", klein.transformer},  {"vae2", klein.vae},
-          {"qwen3", klein.text_encoder},     {"mistral3", dev.text_encoder}};
+  const auto f1 = presets::flux_pipeline_preset(presets::flux_preset("tiny"), 1000, 600);
+  const auto klein = presets::flux2_pipeline_preset(presets::flux2_preset("flux2-klein", "tiny"), 1000);
+  const auto dev = presets::flux2_pipeline_preset(presets::flux2_preset("flux2-dev", "tiny"), 1000);
+  return {{"flux", f1.config("transformer")},      {"clip", f1.config("text_encoder")},
+          {"t5", f1.config("text_encoder_2")},     {"vae", f1.config("vae")},
+          {"flux2", klein.config("transformer")},  {"vae2", klein.config("vae")},
+          {"qwen3", klein.config("text_encoder")}, {"mistral3", dev.config("text_encoder")}};
 }
 
 // The integer fields of a config, as JSON pointers (nested objects included).
