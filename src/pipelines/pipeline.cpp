@@ -8,7 +8,7 @@
 #include "checkpoint/pipeline_folder.h"
 #include "memory/offload_plan.h"
 #include "pipelines/device_map.h"
-#include "pipelines/pipeline_components.h"
+#include "pipelines/component_check.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {

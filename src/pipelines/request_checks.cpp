@@ -9,7 +9,7 @@
 
 #include "checkpoint/pipeline_folder.h"
 #include "pipelines/flow_match_scheduler.h"
-#include "pipelines/pipeline_components.h"
+#include "pipelines/component_check.h"
 #include "text/tokenizer_common.h"
 #include "runtime/error.h"
 
@@ -104,6 +104,14 @@ void need_request_options(const GenerationRequest& r, const RequestOptions& o) {
   check_request_options(r, o, [](const std::string& key, const std::string& what) {
     throw RequestError(fmt::format("{}: {}", key, what), true);
   });
+}
+
+void check_max_sequence_length(const GenerationRequest& r, const std::string& cls, int64_t limit) {
+  if (*r.max_sequence_length < 1 || *r.max_sequence_length > limit) {
+    throw RequestError(fmt::format("max_sequence_length must be in [1, {}] ({}'s limit), got {}", limit, cls,
+                                   *r.max_sequence_length),
+                       true);
+  }
 }
 
 void need_given_shape(const GenerationRequest& r, const std::string& name, const std::vector<int64_t>& shape,

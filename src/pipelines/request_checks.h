@@ -63,6 +63,9 @@ namespace detail {
 bool register_request_options(const char* cls, RequestOptionsReader reader);
 }
 
+// RequestError unless max_sequence_length is in [1, limit] (`cls`'s limit).
+void check_max_sequence_length(const GenerationRequest& r, const std::string& cls, int64_t limit);
+
 // RequestError "given tensor 'x' has shape [..]; expected [..] (meaning)"
 // unless the request's given tensor `name` (when given) has `shape`; -1 in
 // `shape` accepts any size there but 0 (prompt embeddings of no text tokens

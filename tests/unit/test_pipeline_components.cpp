@@ -1,4 +1,4 @@
-// Every registered pipeline class has a component table (pipelines/pipeline_components.h):
+// Every registered pipeline class has a component table (pipelines/component_check.h):
 // a pipeline added without one fails here, not silently at a user's folder. And a
 // QwenImagePipeline folder is checked like the FLUX ones; model_index.json's _class_name
 // and an existing model_index.json are never reported as something else.
@@ -15,7 +15,7 @@
 
 #include "checkpoint/pipeline_folder.h"
 #include "pipelines/pipeline.h"
-#include "pipelines/pipeline_components.h"
+#include "pipelines/component_check.h"
 #include "runtime/error.h"
 #include "test_data.h"
 
