@@ -61,6 +61,20 @@ FamilyShapes flux2_shapes(const ComponentConfigs& c) {
   return s;
 }
 
+// What the FLUX.2 pipelines' requests may set: 512 text tokens; no
+// true_cfg_scale (klein's CFG scale is guidance, dev's guidance is distilled);
+// no negative prompt in dev.
+RequestOptions flux2_request_options(const checkpoint::PipelineFolder& pf) {
+  RequestOptions o;
+  o.max_sequence_length = 512;
+  const bool klein = is_klein(pf.cls);
+  o.unused.emplace_back("true_cfg_scale", klein ? "klein's CFG scale is `guidance`, with a negative prompt"
+                                                : "dev's guidance is distilled");
+  if (!klein) o.unused.emplace_back("negative_prompt", "dev is guidance-distilled: it runs no negative pass");
+  add_scheduler_request_options(pf, o);
+  return o;
+}
+
 // The annotations of Flux2Pipeline / Flux2KleinPipeline.__init__: the text
 // encoder split over the TP group unless shard_text_encoders = false (a 24B
 // encoder replicated on every rank does not fit most GPUs).
@@ -82,6 +96,11 @@ PipelineSpec flux2_spec(const char* cls, const char* encoder, const std::vector<
   s.defaults.guidance = 4.0;
   s.cross_check = flux2_cross_check;
   s.shapes = flux2_shapes;
+  s.request_options = flux2_request_options;
+  s.tokenize = Flux2Conditioner::tokenize;
+  s.load = [](const std::string& folder, const parallel::TpContext& tp, const PipelineOptions& options) {
+    return std::unique_ptr<Pipeline>(Flux2Pipeline::load(folder, tp, options));
+  };
   return s;
 }
 
@@ -138,32 +157,7 @@ at::Tensor Flux2Pipeline::decode_latents(const at::Tensor& packed, int64_t heigh
   return vae_->decode(flux2_unpatchify(z).to(checkpoint::parse_compute_dtype(vae_->compute_dtype(), "vae dtype")));
 }
 
-TPRUN_REGISTER_PIPELINE(Flux2Pipeline);
-TPRUN_REGISTER_PIPELINE_AS(Flux2Pipeline::kKleinClass, Flux2Pipeline);
 TPRUN_REGISTER_PIPELINE_SPEC(flux2_dev_spec);
 TPRUN_REGISTER_PIPELINE_SPEC(flux2_klein_spec);
-
-namespace {
-
-// What the FLUX.2 pipelines' requests may set: 512 text tokens; no
-// true_cfg_scale (klein's CFG scale is guidance, dev's guidance is distilled);
-// no negative prompt in dev.
-RequestOptions flux2_request_options(const checkpoint::PipelineFolder& pf) {
-  RequestOptions o;
-  o.max_sequence_length = 512;
-  const bool klein = is_klein(pf.cls);
-  o.unused.emplace_back("true_cfg_scale", klein ? "klein's CFG scale is `guidance`, with a negative prompt"
-                                                : "dev's guidance is distilled");
-  if (!klein) o.unused.emplace_back("negative_prompt", "dev is guidance-distilled: it runs no negative pass");
-  add_scheduler_request_options(pf, o);
-  return o;
-}
-
-}  // namespace
-
-TPRUN_REGISTER_REQUEST_OPTIONS(Flux2Pipeline::kClass, flux2_request_options);
-TPRUN_REGISTER_REQUEST_OPTIONS(Flux2Pipeline::kKleinClass, flux2_request_options);
-TPRUN_REGISTER_PROMPT_TOKENIZER(Flux2Pipeline::kClass, Flux2Conditioner::tokenize);
-TPRUN_REGISTER_PROMPT_TOKENIZER(Flux2Pipeline::kKleinClass, Flux2Conditioner::tokenize);
 
 }  // namespace tprun::pipelines

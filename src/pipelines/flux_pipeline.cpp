@@ -55,6 +55,22 @@ FamilyShapes flux_shapes(const ComponentConfigs& c) {
   return s;
 }
 
+// What FluxPipeline's requests may set: 512 T5 tokens; guidance only with a
+// guidance embedder (FLUX.1-dev; diffusers passes none to schnell's).
+RequestOptions flux_request_options(const checkpoint::PipelineFolder& pf) {
+  RequestOptions o;
+  o.max_sequence_length = 512;
+  std::string path;
+  const auto flux =
+      models::FluxConfig::from_json(models::read_component_config(need_component(pf, "transformer").path, &path), path);
+  if (!flux.guidance) {
+    o.unused.emplace_back("guidance", fmt::format("{}: guidance_embeds is false (a FLUX.1-schnell-style transformer)",
+                                                  path));
+  }
+  add_scheduler_request_options(pf, o);
+  return o;
+}
+
 // The annotations of FluxPipeline.__init__ (pipeline_flux.py): T5 split only when asked.
 PipelineSpec flux_spec() {
   PipelineSpec s;
@@ -76,6 +92,11 @@ PipelineSpec flux_spec() {
   s.defaults.guidance = 3.5;
   s.cross_check = flux_cross_check;
   s.shapes = flux_shapes;
+  s.request_options = flux_request_options;
+  s.tokenize = ClipT5Conditioner::tokenize;
+  s.load = [](const std::string& folder, const parallel::TpContext& tp, const PipelineOptions& options) {
+    return std::unique_ptr<Pipeline>(FluxPipeline::load(folder, tp, options));
+  };
   return s;
 }
 
@@ -127,30 +148,6 @@ at::Tensor FluxPipeline::decode_latents(const at::Tensor& packed, int64_t height
   return vae_->decode(z.to(checkpoint::parse_compute_dtype(vae_->compute_dtype(), "vae dtype")));
 }
 
-TPRUN_REGISTER_PIPELINE(FluxPipeline);
 TPRUN_REGISTER_PIPELINE_SPEC(flux_spec);
-
-namespace {
-
-// What FluxPipeline's requests may set: 512 T5 tokens; guidance only with a
-// guidance embedder (FLUX.1-dev; diffusers passes none to schnell's).
-RequestOptions flux_request_options(const checkpoint::PipelineFolder& pf) {
-  RequestOptions o;
-  o.max_sequence_length = 512;
-  std::string path;
-  const auto flux =
-      models::FluxConfig::from_json(models::read_component_config(need_component(pf, "transformer").path, &path), path);
-  if (!flux.guidance) {
-    o.unused.emplace_back("guidance", fmt::format("{}: guidance_embeds is false (a FLUX.1-schnell-style transformer)",
-                                                  path));
-  }
-  add_scheduler_request_options(pf, o);
-  return o;
-}
-
-}  // namespace
-
-TPRUN_REGISTER_REQUEST_OPTIONS(FluxPipeline::kClass, flux_request_options);
-TPRUN_REGISTER_PROMPT_TOKENIZER(FluxPipeline::kClass, ClipT5Conditioner::tokenize);
 
 }  // namespace tprun::pipelines

@@ -9,7 +9,8 @@
 //                              it, split where the spec says (component_loader.h)
 //   pipeline_layout            the same for the fit planner, from the configs
 //                              alone (pipeline_layout.h)
-// A family registers its spec in its pipeline's .cpp:
+// A family registers its spec, and with it its load, its request options and
+// its tokenizer, with one line in its pipeline's .cpp:
 //
 //   TPRUN_REGISTER_PIPELINE_SPEC(flux_spec);   // PipelineSpec flux_spec()
 //
@@ -25,6 +26,8 @@
 #include <vector>
 
 #include "pipelines/generation_request.h"
+#include "pipelines/pipeline.h"
+#include "pipelines/request_checks.h"
 #include "pipelines/request_memory.h"
 
 namespace tprun::pipelines {
@@ -94,6 +97,12 @@ struct PipelineSpec {
   // configs of the text encoders are there only when they are loaded.
   std::function<void(const ComponentConfigs&)> cross_check;
   std::function<FamilyShapes(const ComponentConfigs&)> shapes;
+  // What its requests may set, from the folder's configs (request_checks.h).
+  RequestOptionsReader request_options;
+  // The ids its tokenizers give a prompt (`tprun tokenize`), no weight read.
+  PromptTokenizer tokenize;
+  // The family's load (DiffusionPipeline::begin_load / finish_load).
+  PipelineLoader load;
 
   const ComponentSpec* find(const std::string& name) const;
   // The model components in load order: transformer, text encoders (in spec order), VAE.

@@ -57,6 +57,17 @@ FamilyShapes qwen_image_shapes(const ComponentConfigs& c) {
   return s;
 }
 
+// What QwenImagePipeline's requests may set: 1024 text tokens; no guidance
+// (its CFG scale is true_cfg_scale); the steps its scheduler can stretch.
+RequestOptions qwen_image_request_options(const checkpoint::PipelineFolder& pf) {
+  RequestOptions o;
+  o.max_sequence_length = kQwenImageMaxSequenceLimit;
+  o.unused = {{"guidance", "diffusers' QwenImagePipeline has no guidance embedder; its CFG scale is true_cfg_scale, "
+                           "with a negative prompt"}};
+  add_scheduler_request_options(pf, o);
+  return o;
+}
+
 // The annotations of QwenImagePipeline.__init__ (pipeline_qwenimage.py): the
 // Qwen2.5-VL language model split over the TP group unless
 // shard_text_encoders = false; its last hidden state (every layer and the
@@ -82,6 +93,11 @@ PipelineSpec qwen_image_spec() {
   s.defaults.true_cfg_scale = 4.0;
   s.cross_check = qwen_image_cross_check;
   s.shapes = qwen_image_shapes;
+  s.request_options = qwen_image_request_options;
+  s.tokenize = QwenImageConditioner::tokenize;
+  s.load = [](const std::string& folder, const parallel::TpContext& tp, const PipelineOptions& options) {
+    return std::unique_ptr<Pipeline>(QwenImagePipeline::load(folder, tp, options));
+  };
   return s;
 }
 
@@ -126,25 +142,6 @@ at::Tensor QwenImagePipeline::decode_latents(const at::Tensor& packed, int64_t h
   return vae_->decode(vae_->denormalize(z)).select(2, 0);
 }
 
-TPRUN_REGISTER_PIPELINE(QwenImagePipeline);
 TPRUN_REGISTER_PIPELINE_SPEC(qwen_image_spec);
-
-namespace {
-
-// What QwenImagePipeline's requests may set: 1024 text tokens; no guidance
-// (its CFG scale is true_cfg_scale); the steps its scheduler can stretch.
-RequestOptions qwen_image_request_options(const checkpoint::PipelineFolder& pf) {
-  RequestOptions o;
-  o.max_sequence_length = kQwenImageMaxSequenceLimit;
-  o.unused = {{"guidance", "diffusers' QwenImagePipeline has no guidance embedder; its CFG scale is true_cfg_scale, "
-                           "with a negative prompt"}};
-  add_scheduler_request_options(pf, o);
-  return o;
-}
-
-}  // namespace
-
-TPRUN_REGISTER_REQUEST_OPTIONS(QwenImagePipeline::kClass, qwen_image_request_options);
-TPRUN_REGISTER_PROMPT_TOKENIZER(QwenImagePipeline::kClass, QwenImageConditioner::tokenize);
 
 }  // namespace tprun::pipelines

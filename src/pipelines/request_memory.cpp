@@ -17,7 +17,6 @@
 #include "checkpoint/torch_dtype.h"
 #include "dist/communicator.h"
 #include "dist/session.h"
-#include "models/autoencoder_kl.h"
 #include "models/nn_ops.h"
 #include "pipelines/pipeline.h"
 #include "runtime/error.h"
@@ -139,22 +138,6 @@ void fill_runtime(MemoryModel& m, const std::string& device, const std::string& 
   m.threads = at::get_num_threads();
   m.decodes = vae != nullptr;
   if (vae) m.vae = *vae;
-}
-
-VaeShape vae_shape(const models::AutoencoderKL& vae, const std::string& device) {
-  VaeShape s;
-  const auto& c = vae.config();
-  const auto& enc = c.decoder_block_out_channels.empty() ? c.block_out_channels : c.decoder_block_out_channels;
-  s.decoder_channels.assign(enc.rbegin(), enc.rend());
-  s.latent_channels = c.latent_channels;
-  s.scale_factor = c.scale_factor();
-  const c10::ScalarType vst = checkpoint::parse_compute_dtype(vae.compute_dtype(), "vae dtype");
-  s.elem_bytes = static_cast<int64_t>(c10::elementSize(vst));
-  const std::string vb = models::nn::sdpa_backend(device, vst, 1, enc.empty() ? 64 : enc.back(), false);
-  s.scores_materialised = vb.find("math") != std::string::npos;
-  s.tiling = vae.tiling();
-  s.tile_sample = vae.tile_sample_size();
-  return s;
 }
 
 RequestShape batch_shape(const Pipeline& pipeline, const std::vector<GenerationRequest>& rs) {

@@ -25,12 +25,10 @@
 #include <string>
 #include <vector>
 
+#include "models/vae.h"
 #include "parallel/tp_context.h"
 #include "pipelines/generation_request.h"
 
-namespace tprun::models {
-class AutoencoderKL;
-}
 
 namespace tprun::pipelines {
 
@@ -45,15 +43,8 @@ struct TransformerShape {
   int64_t inner() const { return heads * head_dim; }
 };
 
-struct VaeShape {
-  std::vector<int64_t> decoder_channels;  // per resolution level, lowest first (block_out_channels reversed)
-  int64_t latent_channels = 16;
-  int64_t scale_factor = 8;     // pixels per latent per side
-  int64_t elem_bytes = 4;       // the VAE's compute dtype (fp32 when upcast)
-  bool scores_materialised = false;  // its attention backend builds the scores
-  bool tiling = false;
-  int64_t tile_sample = 0;      // tile side in pixels (tiling)
-};
+// The VAE decoder's shape for the estimate (models/vae.h).
+using VaeShape = models::VaeShape;
 
 struct MemoryModel {
   std::string pipeline;         // "FluxPipeline", for messages
@@ -105,10 +96,6 @@ inline uint64_t mul_bytes(uint64_t a, uint64_t b) {
 // transformer's heads, this rank's threads, and the VAE's shape (null `vae`:
 // this rank does not decode). model.transformer first.
 void fill_runtime(MemoryModel& model, const std::string& device, const std::string& dtype, const VaeShape* vae);
-
-// An AutoencoderKL's shape and options for the estimate: its decoder's
-// levels, dtype, attention backend on `device`, tiling.
-VaeShape vae_shape(const models::AutoencoderKL& vae, const std::string& device);
 
 // The shape of a prepared batch (prepare_batch): its size, the image tokens
 // of its height x width, the text tokens (given prompt_embeds, else
