@@ -1,5 +1,5 @@
 #pragma once
-// What the MMDiT transformers (FLUX.1, FLUX.2; Qwen-Image next) share above
+// What the MMDiT transformers (FLUX.1, FLUX.2, Qwen-Image) share above
 // their blocks: the axes_dims_rope check of their configs, the load (record,
 // validate, load this rank's slices, log the attention backend) and the
 // Model interface their forwards answer ("sample"; two AllReduces per

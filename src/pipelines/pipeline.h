@@ -33,7 +33,8 @@ struct PipelineOptions {
   std::string device = "cpu";
   std::string variant;                // weights variant ("fp16": *.fp16.safetensors)
   // The text encoders that have a TP plan run over the TP group too; unset:
-  // the pipeline's choice (FluxPipeline: T5 replicated; FLUX.2: sharded).
+  // the pipeline's choice (FluxPipeline: T5 replicated; FLUX.2 and
+  // Qwen-Image: sharded).
   std::optional<bool> shard_text_encoders;
   bool shard_modulation = false;      // the transformer's AdaLN modulations rowwise_split_input
   bool text_encoders = true;          // false: requests must give prompt embeddings
