@@ -2,22 +2,19 @@
 // top-level decode / encode (Decoder / Encoder of diffusers' vae.py).
 #include "models/autoencoder_kl.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/clamp.h>
-#include <ATen/ops/exp.h>
-#include <ATen/ops/rand.h>
-#include <ATen/ops/randn.h>
 #include <ATen/ops/sqrt.h>
 #include <ATen/ops/silu.h>
 
+#include "checkpoint/safetensors_header.h"
 #include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
 #include "models/model_config.h"
 #include "models/vae_tiling.h"
 #include "models/model_registry.h"
 #include "models/nn_ops.h"
+#include "models/model_builder.h"
 #include "models/vae_blocks.h"
 #include "runtime/error.h"
 
@@ -38,22 +35,6 @@ size_t block_types(const nlohmann::json& c, const std::string& field, const std:
     }
   }
   return c[field].size();
-}
-
-std::string shape_of(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
-// RequestError unless x is [B, channels, H, W] with B, H, W >= 1.
-void check_input(const at::Tensor& x, const char* name, int64_t channels) {
-  if (!x.defined()) throw RequestError(fmt::format("input '{}' is missing", name), true);
-  if (x.dim() != 4 || x.size(1) != channels || x.numel() == 0) {
-    throw RequestError(fmt::format("input '{}' must be [B, {}, H, W] (non-empty), got {}", name, channels,
-                                   shape_of(x)),
-                       true);
-  }
 }
 
 }  // namespace
@@ -185,9 +166,6 @@ VaeConfig VaeConfig::from_json(const nlohmann::json& c, const std::string& path,
   return v;
 }
 
-bool AutoencoderKL::has_decoder() const { return w_ && w_->has_decoder; }
-bool AutoencoderKL::has_encoder() const { return w_ && w_->has_encoder; }
-
 namespace {
 
 // The whole model's declarations in module order: encoder (conv_in,
@@ -246,86 +224,74 @@ VaeWeights declare_vae(const VaeConfig& cfg, ModelBuilder& b) {
   return w;
 }
 
-bool in_encoder(const std::string& name) { return name.rfind("encoder.", 0) == 0 || name.rfind("quant_conv.", 0) == 0; }
-bool in_decoder(const std::string& name) {
-  return name.rfind("decoder.", 0) == 0 || name.rfind("post_quant_conv.", 0) == 0;
-}
-
 }  // namespace
 
 ModelTable AutoencoderKL::table_for(const VaeConfig& config, const ModelOptions& options) {
   ModelTable table = record_table(config.cls, [&](ModelBuilder& b) { declare_vae(config, b); });
-  // What a load of one part never reads (the other half; see load()).
-  for (auto& t : table.tensors) {
-    if ((options.part == "decoder" && in_encoder(t.name)) || (options.part == "encoder" && in_decoder(t.name))) {
-      t.optional = true;
-    }
-  }
+  mark_other_part_optional(table, options.part);
   return table;
+}
+
+namespace {
+
+// The Vae facts of `config`: decoder channels lowest resolution first
+// (decoder_block_out_channels reversed), the default tile sample_size.
+VaeInfo info_of(const VaeConfig& config) {
+  VaeInfo info;
+  info.cls = config.cls;
+  info.latent_channels = config.latent_channels;
+  info.spatial_scale = config.scale_factor();
+  info.default_tile_sample = config.sample_size;
+  info.force_upcast = config.force_upcast;
+  info.whole_latent_tiles = true;
+  const auto& channels =
+      config.decoder_block_out_channels.empty() ? config.block_out_channels : config.decoder_block_out_channels;
+  info.decoder_channels.assign(channels.rbegin(), channels.rend());
+  info.sample_channels = config.in_channels;
+  return info;
+}
+
+}  // namespace
+
+AutoencoderKL::AutoencoderKL(VaeConfig config, const ModelOptions& options) : config_(std::move(config)) {
+  init_vae(info_of(config_), options);
+  upcast_ = checkpoint::parse_compute_dtype(options.dtype, "dtype") != c10::kFloat && config_.force_upcast;
 }
 
 std::unique_ptr<AutoencoderKL> AutoencoderKL::load(checkpoint::WeightSource& source, const nlohmann::json& config,
                                                    const std::string& config_path, const parallel::TpContext&,
                                                    const ModelOptions& options) {
-  auto m = std::make_unique<AutoencoderKL>();
   const TensorCensus census = census_of(source);
-  m->config_ = VaeConfig::from_json(config, config_path, &census);
+  std::unique_ptr<AutoencoderKL> m(new AutoencoderKL(VaeConfig::from_json(config, config_path, &census), options));
   const VaeConfig& cfg = m->config_;
-  const c10::ScalarType requested = checkpoint::parse_compute_dtype(options.dtype, "dtype");
-  m->upcast_ = requested != c10::kFloat && cfg.force_upcast;
-  m->compute_dtype_ = m->upcast_ || requested == c10::kFloat ? "fp32" : (requested == c10::kBFloat16 ? "bf16" : "fp16");
-  const std::string& part = options.part;
-  if (!part.empty() && part != "decoder" && part != "encoder") {
-    throw ConfigError(fmt::format("AutoencoderKL: part '{}' is not 'decoder' or 'encoder'", part), true);
-  }
   const int64_t attention_chunk = nn::checked_attention_chunk(options.memory.attention_chunk);
-  BuildOptions bo = build_options(options);
-  bo.dtype = m->compute_dtype_;
-  // Only the requested half needs to be in the checkpoint.
-  // (The batch-norm statistics go with both halves: the pipelines normalise
-  // encoded latents and de-normalise before decoding.)
-  if (part == "encoder") bo.wanted = [](const std::string& name) { return !in_decoder(name); };
-  if (part == "decoder") bo.wanted = [](const std::string& name) { return !in_encoder(name); };
   auto w = std::make_shared<VaeWeights>();
-  BuiltModel built = build_model(cfg.cls, source, parallel::TpContext{}, bo,
+  BuiltModel built = build_model(cfg.cls, source, parallel::TpContext{}, m->part_build_options(options),
                                  [&](ModelBuilder& b) { *w = declare_vae(cfg, b); });
-  w->has_encoder = part != "decoder";
-  w->has_decoder = part != "encoder";
   w->attention_chunk = attention_chunk;
+  m->finish_load(std::move(built.table), built.bytes_read, built.bytes_stored);
   if (cfg.mid_block_add_attention) {  // one head of all the mid-block's channels
-    const auto& mid = w->has_decoder ? cfg.decoder_block_out_channels : cfg.block_out_channels;
-    nn::log_sdpa_attention(cfg.cls, options.device, checkpoint::parse_compute_dtype(m->compute_dtype_, "dtype"), 1,
+    const auto& mid = m->has_decoder() ? cfg.decoder_block_out_channels : cfg.block_out_channels;
+    nn::log_sdpa_attention(cfg.cls, options.device, checkpoint::parse_compute_dtype(m->compute_dtype(), "dtype"), 1,
                            mid.back(), false, attention_chunk);
   }
-  m->table_ = std::move(built.table);
-  m->bytes_loaded_ = built.bytes_read;
-  m->bytes_stored_ = built.bytes_stored;
   m->w_ = std::move(w);
-  m->slicing_ = options.memory.vae_slicing;
-  m->tiling_ = options.memory.vae_tiling;
-  m->tile_sample_ = options.memory.vae_tile_sample_size > 0 ? options.memory.vae_tile_sample_size : cfg.sample_size;
-  m->tile_overlap_ = options.memory.vae_tile_overlap;
-  if (m->tiling_ && (m->tile_sample_ < cfg.scale_factor() || m->tile_sample_ % cfg.scale_factor() != 0)) {
+  const int64_t tile = m->tile_sample_size();
+  if (m->tiling() && (tile < cfg.scale_factor() || tile % cfg.scale_factor() != 0)) {
     throw ConfigError(fmt::format("{}: VAE tiles of {} px are not a multiple of the scale factor {} (set "
                                   "vae_tile_sample_size)",
-                                  config_path, m->tile_sample_, cfg.scale_factor()),
+                                  config_path, tile, cfg.scale_factor()),
                       true);
   }
   return m;
 }
 
-at::Tensor AutoencoderKL::decode(const at::Tensor& z, Trace* trace) const {
-  if (!has_decoder()) throw ConfigError("AutoencoderKL::decode: the VAE was loaded without its decoder");
-  check_input(z, "z", config_.latent_channels);
-  // As diffusers: slicing splits the batch, each slice tiled when larger than a tile.
-  auto one = [&](const at::Tensor& zi) {
-    const VaeTiles tiles{tile_latent_size(), tile_sample_, tile_overlap_};
-    if (tiling_ && needs_tiles(zi, tiles)) {
-      return tiled_apply(zi, tiles, [&](const at::Tensor& t) { return decode_plain(t, nullptr); });
-    }
-    return decode_plain(zi, trace);
-  };
-  return slicing_ ? sliced_apply(z, one) : one(z);
+at::Tensor AutoencoderKL::decode_images(const at::Tensor& z, Trace* trace) const {
+  const VaeTiles tiles{tile_latent_size(), tile_sample_size(), tile_overlap()};
+  if (tiling() && needs_tiles(z, tiles)) {
+    return tiled_apply(z, tiles, [&](const at::Tensor& t) { return decode_plain(t, nullptr); });
+  }
+  return decode_plain(z, trace);
 }
 
 at::Tensor AutoencoderKL::decode_plain(const at::Tensor& z_in, Trace* trace) const {
@@ -355,23 +321,12 @@ at::Tensor AutoencoderKL::decode_plain(const at::Tensor& z_in, Trace* trace) con
   return h;
 }
 
-TensorMap AutoencoderKL::encode(const at::Tensor& image, Trace* trace) const {
-  if (!has_encoder()) throw ConfigError("AutoencoderKL::encode: the VAE was loaded without its encoder");
-  check_input(image, "image", config_.in_channels);
-  auto one = [&](const at::Tensor& x) {
-    const VaeTiles tiles{tile_sample_, tile_latent_size(), tile_overlap_};
-    if (tiling_ && needs_tiles(x, tiles)) {
-      return tiled_apply(x, tiles, [&](const at::Tensor& t) { return encode_moments(t, nullptr); });
-    }
-    return encode_moments(x, trace);
-  };
-  const at::Tensor h = slicing_ ? sliced_apply(image, one) : one(image);
-  // DiagonalGaussianDistribution: mean, logvar = chunk(moments, 2, dim=1).
-  auto parts = h.chunk(2, 1);
-  TensorMap out;
-  out["mean"] = parts[0].contiguous();
-  out["std"] = at::exp(at::clamp(parts[1], -30.0, 20.0) * 0.5);
-  return out;
+at::Tensor AutoencoderKL::encode_images(const at::Tensor& image, Trace* trace) const {
+  const VaeTiles tiles{tile_sample_size(), tile_latent_size(), tile_overlap()};
+  if (tiling() && needs_tiles(image, tiles)) {
+    return tiled_apply(image, tiles, [&](const at::Tensor& t) { return encode_moments(t, nullptr); });
+  }
+  return encode_moments(image, trace);
 }
 
 at::Tensor AutoencoderKL::encode_moments(const at::Tensor& image, Trace* trace) const {
@@ -400,25 +355,6 @@ at::Tensor AutoencoderKL::encode_moments(const at::Tensor& image, Trace* trace) 
   return h;
 }
 
-TensorMap AutoencoderKL::forward(const TensorMap& inputs, Trace* trace) const {
-  const bool has_latents = inputs.count("latents") != 0, has_image = inputs.count("image") != 0;
-  if (has_latents == has_image) {
-    throw RequestError("AutoencoderKL: give exactly one input: 'latents' (decode) or 'image' (encode)", true);
-  }
-  if (has_latents) return {{"sample", decode(inputs.at("latents"), trace)}};
-  return encode(inputs.at("image"), trace);
-}
-
-TensorMap AutoencoderKL::example_inputs(uint64_t seed) const {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  const int64_t side = 4 * config_.scale_factor();
-  if (has_decoder()) return {{"latents", at::randn({1, config_.latent_channels, 4, 4}, gen, f32)}};
-  return {{"image", at::rand({1, config_.in_channels, side, side}, gen, f32) * 2 - 1}};
-}
-
-std::string AutoencoderKL::primary_output() const { return has_decoder() ? "sample" : "mean"; }
-
 at::Tensor AutoencoderKL::latent_bn_mean() const {
   if (!config_.flux2) throw Error(Error::Kind::Internal, "latent_bn_mean: not an AutoencoderKLFlux2");
   return w_->bn_mean.get();
@@ -429,7 +365,46 @@ at::Tensor AutoencoderKL::latent_bn_std() const {
   return at::sqrt(w_->bn_var.get() + config_.batch_norm_eps);
 }
 
+std::pair<at::Tensor, at::Tensor> AutoencoderKL::bn_stats_for(const at::Tensor& z) const {
+  const int64_t channels = 4 * config_.latent_channels;
+  if (!z.defined() || z.dim() != 4 || z.size(1) != channels) {
+    throw RequestError(fmt::format("{}: latents 'z' must be the 2x2-patchified [B, {}, h, w], got {}", config_.cls,
+                                   channels, z.defined() ? checkpoint::shape_string(z.sizes().vec()) : "none"),
+                       true);
+  }
+  // As Flux2Pipeline: the statistics moved to z's device and dtype.
+  return {latent_bn_std().to(z.device(), z.scalar_type()).view({1, -1, 1, 1}),
+          latent_bn_mean().to(z.device(), z.scalar_type()).view({1, -1, 1, 1})};
+}
+
+at::Tensor AutoencoderKL::denormalize(const at::Tensor& z) const {
+  if (config_.flux2) {
+    const auto [sd, mean] = bn_stats_for(z);
+    return z * sd + mean;
+  }
+  image_batch(z, "z", config_.latent_channels);
+  return z / config_.scaling_factor + config_.shift_factor;
+}
+
+at::Tensor AutoencoderKL::normalize(const at::Tensor& z) const {
+  if (config_.flux2) {
+    const auto [sd, mean] = bn_stats_for(z);
+    return (z - mean) / sd;
+  }
+  image_batch(z, "z", config_.latent_channels);
+  return (z - config_.shift_factor) * config_.scaling_factor;
+}
+
 TPRUN_REGISTER_MODEL(AutoencoderKL, VaeConfig);
 TPRUN_REGISTER_MODEL_AS("AutoencoderKLFlux2", AutoencoderKL, VaeConfig);
+
+namespace {
+VaeInfo read_info(const nlohmann::json& config, const std::string& config_path) {
+  return info_of(VaeConfig::from_json(config, config_path));
+}
+}  // namespace
+
+TPRUN_REGISTER_VAE_INFO("AutoencoderKL", read_info);
+TPRUN_REGISTER_VAE_INFO("AutoencoderKLFlux2", read_info);
 
 }  // namespace tprun::models

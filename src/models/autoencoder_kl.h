@@ -3,9 +3,9 @@
 // convs, one single-head attention in each mid-block) and AutoencoderKLFlux2
 // (FLUX.2: 32 latent channels, quant / post-quant convs, an optional decoder
 // width, and the BatchNorm2d statistics `bn.running_mean/var` of the
-// 2x2-patchified latents, which the pipelines use and the VAE itself does
-// not): the decoder (latents -> image) and the encoder (image -> latent
-// distribution), replicated (no tensor parallelism: every rank that runs it
+// 2x2-patchified latents, which only the latent normalisation uses): the
+// decoder (latents -> image) and the encoder (image -> latent distribution),
+// replicated (no tensor parallelism: every rank that runs it
 // holds the whole VAE). One implementation, registered for both class names.
 //
 //   decode: [post_quant_conv] -> decoder.conv_in -> mid_block (resnet, attn,
@@ -24,23 +24,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "models/model.h"
-
-namespace at {
-class Tensor;
-}
-
-namespace tprun::checkpoint {
-class WeightSource;
-}
+#include "models/vae.h"
 
 namespace tprun::models {
-
-class TensorCensus;  // models/model_config.h
 
 struct VaeConfig {
   std::string cls = "AutoencoderKL";  // or "AutoencoderKLFlux2" (flux2 below)
@@ -77,7 +68,7 @@ struct VaeConfig {
 
 struct VaeWeights;  // vae_blocks.h
 
-class AutoencoderKL final : public Model {
+class AutoencoderKL final : public Vae {
  public:
   static constexpr const char* kClass = "AutoencoderKL";
 
@@ -95,52 +86,43 @@ class AutoencoderKL final : public Model {
                                              const std::string& config_path, const parallel::TpContext& tp = {},
                                              const ModelOptions& options = {});
 
-  // z [B, latent_channels, h, w], already un-scaled (the caller did
-  // z / scaling_factor + shift_factor) -> sample [B, out_channels, h*sf, w*sf]
-  // (sf = scale_factor()), not clamped, in compute_dtype(). z may be on any
-  // device / dtype; it is moved to the VAE's. RequestError naming 'z' and the
-  // expected shape for a wrong rank or channel count; ConfigError when loaded
-  // without the decoder.
-  at::Tensor decode(const at::Tensor& z, Trace* trace = nullptr) const;
-
-  // image [B, in_channels, H, W] in [-1, 1] -> {"mean", "std"} of the latent
-  // distribution, each [B, latent_channels, H/sf, W/sf] (each halving floors), in
-  // compute_dtype(). RequestError naming 'image' for a wrong rank or channel
-  // count; ConfigError when loaded without the encoder.
-  TensorMap encode(const at::Tensor& image, Trace* trace = nullptr) const;
-
-  // {"latents"} -> {"sample"} (decode) or {"image"} -> {"mean", "std"} (encode).
-  TensorMap forward(const TensorMap& inputs, Trace* trace = nullptr) const override;
-  TensorMap example_inputs(uint64_t seed) const override;
-  std::string primary_output() const override;
+  // AutoencoderKL: z [B, latent_channels, h, w]; denormalize = z /
+  // scaling_factor + shift_factor, normalize = (z - shift_factor) x
+  // scaling_factor (FluxPipeline / FluxImg2ImgPipeline). AutoencoderKLFlux2:
+  // the patchified z [B, 4 x latent_channels, h/2, w/2]; denormalize = z x
+  // bn_std + bn_mean, normalize = (z - bn_mean) / bn_std (Flux2Pipeline), the
+  // statistics in z's dtype on z's device. RequestError naming 'z' otherwise.
+  at::Tensor denormalize(const at::Tensor& z) const override;
+  at::Tensor normalize(const at::Tensor& z) const override;
 
   const VaeConfig& config() const { return config_; }
-  // "fp32" when upcast (force_upcast with a half dtype), else the requested dtype.
-  const std::string& compute_dtype() const { return compute_dtype_; }
   bool upcast() const { return upcast_; }
-  bool has_decoder() const;
-  bool has_encoder() const;
   // AutoencoderKLFlux2: bn.running_mean and sqrt(bn.running_var + batch_norm_eps),
-  // [4 * latent_channels] (the pipelines' latent normalisation). Internal error otherwise.
+  // [4 * latent_channels], in the VAE's dtype on its device. Internal error otherwise.
   at::Tensor latent_bn_mean() const;
   at::Tensor latent_bn_std() const;
-  // MemoryOptions::vae_slicing / vae_tiling as loaded; tile sides (pixels, latents).
-  bool slicing() const { return slicing_; }
-  bool tiling() const { return tiling_; }
-  int64_t tile_sample_size() const { return tile_sample_; }
-  int64_t tile_latent_size() const { return tile_sample_ / config_.scale_factor(); }
+  // The tile side in latents.
+  int64_t tile_latent_size() const { return tile_sample_size() / config_.scale_factor(); }
 
  private:
-  // One decode / encode without slicing or tiling; encode_moments is the
+  // An AutoencoderKL of `config` whose weights load() reads next.
+  AutoencoderKL(VaeConfig config, const ModelOptions& options);
+  // Vae::decode / encode of z [b, latent_channels, h, w] -> [b, out_channels,
+  // h*sf, w*sf] (sf = scale_factor()) and image [b, in_channels, H, W] ->
+  // moments [b, 2 x latent_channels, H/sf, W/sf] (each halving floors), tiled
+  // as diffusers' AutoencoderKL.enable_tiling (models/vae_tiling.h).
+  at::Tensor decode_images(const at::Tensor& z, Trace* trace) const override;
+  at::Tensor encode_images(const at::Tensor& image, Trace* trace) const override;
+  // One decode / encode without tiling; encode_moments is the
   // (quant_conv'd) [mean, logvar] the tiles are blended on.
   at::Tensor decode_plain(const at::Tensor& z, Trace* trace) const;
   at::Tensor encode_moments(const at::Tensor& image, Trace* trace) const;
+  // z's denormalize / normalize statistics in z's dtype on z's device
+  // (AutoencoderKLFlux2: {std, mean} as [1, 4C, 1, 1]); RequestError naming 'z'
+  // for a z of another layout.
+  std::pair<at::Tensor, at::Tensor> bn_stats_for(const at::Tensor& z) const;
 
   VaeConfig config_;
-  bool slicing_ = false, tiling_ = false;
-  int64_t tile_sample_ = 0;
-  double tile_overlap_ = 0.25;
-  std::string compute_dtype_ = "fp32";
   bool upcast_ = false;
   std::shared_ptr<const VaeWeights> w_;
 };

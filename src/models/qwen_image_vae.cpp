@@ -4,18 +4,16 @@
 
 #include <cmath>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/clamp.h>
-#include <ATen/ops/exp.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/rand.h>
-#include <ATen/ops/randn.h>
 #include <ATen/ops/silu.h>
 
+#include "checkpoint/safetensors_header.h"
 #include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
+#include "models/model_builder.h"
 #include "models/model_config.h"
 #include "models/model_registry.h"
 #include "models/nn_ops.h"
@@ -155,9 +153,6 @@ QwenImageVaeConfig QwenImageVaeConfig::from_json(const nlohmann::json& c, const 
   return v;
 }
 
-bool QwenImageVae::has_decoder() const { return w_ && w_->has_decoder; }
-bool QwenImageVae::has_encoder() const { return w_ && w_->has_encoder; }
-
 namespace {
 
 // The whole model in module order: encoder (conv_in, down_blocks, mid_block,
@@ -222,31 +217,6 @@ QwenVaeWeights declare_qwen_vae(const QwenImageVaeConfig& cfg, ModelBuilder& b, 
   return w;
 }
 
-bool in_encoder(const std::string& name) { return name.rfind("encoder.", 0) == 0 || name.rfind("quant_conv.", 0) == 0; }
-bool in_decoder(const std::string& name) {
-  return name.rfind("decoder.", 0) == 0 || name.rfind("post_quant_conv.", 0) == 0;
-}
-
-std::string shape_of(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
-// x as [B, channels, H, W]: from [B, channels, 1, H, W] or [B, channels, H, W];
-// RequestError naming the input otherwise.
-at::Tensor one_frame(const at::Tensor& x, const char* name, int64_t channels) {
-  if (!x.defined()) throw RequestError(fmt::format("input '{}' is missing", name), true);
-  const bool ok4 = x.dim() == 4, ok5 = x.dim() == 5 && x.size(2) == 1;
-  if (!(ok4 || ok5) || x.size(1) != channels || x.numel() == 0) {
-    throw RequestError(fmt::format("input '{}' must be [B, {}, 1, H, W] or [B, {}, H, W] (non-empty, one frame: "
-                                   "tprun's AutoencoderKLQwenImage decodes and encodes images, not videos), got {}",
-                                   name, channels, channels, shape_of(x)),
-                       true);
-  }
-  return ok5 ? x.squeeze(2) : x;
-}
-
 at::Tensor stats_tensor(const std::vector<double>& v) {
   std::vector<double> copy = v;
   const auto n = static_cast<int64_t>(copy.size());
@@ -261,82 +231,83 @@ ModelTable QwenImageVae::table_for(const QwenImageVaeConfig& config, const Model
     CausalConvLoad load;
     declare_qwen_vae(config, b, load);
   });
-  // What a load of one part never reads (the other half; see load()).
-  for (auto& t : table.tensors) {
-    if ((options.part == "decoder" && in_encoder(t.name)) || (options.part == "encoder" && in_decoder(t.name))) {
-      t.optional = true;
-    }
-  }
+  mark_other_part_optional(table, options.part);
   return table;
+}
+
+namespace {
+
+// The Vae facts of `config`: decoder channels base_dim x reversed(dim_mult)
+// (lowest resolution first, as the memory estimate counts them), tiles of
+// 256 px by default, temporal scale 1 (tprun decodes single frames), no
+// upcast, latents with a frame axis.
+VaeInfo info_of(const QwenImageVaeConfig& config) {
+  VaeInfo info;
+  info.cls = QwenImageVae::kClass;
+  info.latent_channels = config.z_dim;
+  info.spatial_scale = config.scale_factor();
+  info.default_tile_sample = kDefaultTile;
+  for (auto it = config.dim_mult.rbegin(); it != config.dim_mult.rend(); ++it) {
+    info.decoder_channels.push_back(config.base_dim * *it);
+  }
+  info.sample_channels = config.input_channels;
+  info.frame_axis = true;
+  return info;
+}
+
+}  // namespace
+
+QwenImageVae::QwenImageVae(QwenImageVaeConfig config, const ModelOptions& options, const std::string& config_path)
+    : config_(std::move(config)) {
+  init_vae(info_of(config_), options);
+  // Tiles (diffusers' enable_tiling defaults: 256 px at a stride of 192 = 256 x (1 - 0.25)).
+  tile_stride_ = static_cast<int64_t>(static_cast<double>(tile_sample_size()) * (1 - tile_overlap()));
+  const int64_t sf = config_.scale_factor();
+  if (tiling() && (tile_sample_size() < sf || tile_stride_ < sf)) {
+    throw ConfigError(fmt::format("{}: VAE tiles of {} px at a stride of {} px (vae_tile_sample_size x (1 - "
+                                  "vae_tile_overlap)) must both be at least the scale factor {} (one latent)",
+                                  config_path, tile_sample_size(), tile_stride_, sf),
+                      true);
+  }
 }
 
 std::unique_ptr<QwenImageVae> QwenImageVae::load(checkpoint::WeightSource& source, const nlohmann::json& config,
                                                  const std::string& config_path, const parallel::TpContext&,
                                                  const ModelOptions& options) {
-  auto m = std::make_unique<QwenImageVae>();
   const TensorCensus census = census_of(source);
-  m->config_ = QwenImageVaeConfig::from_json(config, config_path, &census);
+  std::unique_ptr<QwenImageVae> m(
+      new QwenImageVae(QwenImageVaeConfig::from_json(config, config_path, &census), options, config_path));
   const QwenImageVaeConfig& cfg = m->config_;
-  const c10::ScalarType dtype = checkpoint::parse_compute_dtype(options.dtype, "dtype");
-  m->compute_dtype_ = dtype == c10::kFloat ? "fp32" : (dtype == c10::kBFloat16 ? "bf16" : "fp16");
-  const std::string& part = options.part;
-  if (!part.empty() && part != "decoder" && part != "encoder") {
-    throw ConfigError(fmt::format("{}: part '{}' is not 'decoder' or 'encoder'", kClass, part), true);
-  }
-  // Tiles (diffusers' enable_tiling defaults: 256 px at a stride of 192 = 256 x (1 - 0.25)).
   const memory::MemoryOptions& mem = options.memory;
-  m->slicing_ = mem.vae_slicing;
-  m->tiling_ = mem.vae_tiling;
-  m->tile_sample_ = mem.vae_tile_sample_size > 0 ? mem.vae_tile_sample_size : kDefaultTile;
-  m->tile_stride_ = static_cast<int64_t>(static_cast<double>(m->tile_sample_) * (1 - mem.vae_tile_overlap));
-  const int64_t sf = cfg.scale_factor();
-  if (m->tiling_ && (m->tile_sample_ < sf || m->tile_stride_ < sf)) {
-    throw ConfigError(fmt::format("{}: VAE tiles of {} px at a stride of {} px (vae_tile_sample_size x (1 - "
-                                  "vae_tile_overlap)) must both be at least the scale factor {} (one latent)",
-                                  config_path, m->tile_sample_, m->tile_stride_, sf),
-                      true);
-  }
   const int64_t attention_chunk = nn::checked_attention_chunk(mem.attention_chunk);
-  BuildOptions bo = build_options(options);
-  bo.dtype = m->compute_dtype_;
-  if (part == "encoder") bo.wanted = [](const std::string& name) { return !in_decoder(name); };
-  if (part == "decoder") bo.wanted = [](const std::string& name) { return !in_encoder(name); };
   // Keep only the used time tap when the weights are plainly resident.
   CausalConvLoad conv_load;
   conv_load.last_tap_only = mem.layerwise_storage.empty() && !mem.offload.enabled() && !mem.device_mapped();
   auto w = std::make_shared<QwenVaeWeights>();
-  BuiltModel built = build_model(kClass, source, parallel::TpContext{}, bo, [&](ModelBuilder& b) {
-    conv_load.bytes_dropped = 0;  // counted in the loading pass only (recording loads nothing)
-    *w = declare_qwen_vae(cfg, b, conv_load);
-  });
-  w->has_encoder = part != "decoder";
-  w->has_decoder = part != "encoder";
+  BuiltModel built = build_model(kClass, source, parallel::TpContext{}, m->part_build_options(options),
+                                 [&](ModelBuilder& b) {
+                                   conv_load.bytes_dropped = 0;  // counted in the loading pass only
+                                   *w = declare_qwen_vae(cfg, b, conv_load);
+                                 });
   w->attention_chunk = attention_chunk;
-  nn::log_sdpa_attention(kClass, options.device, dtype, 1, cfg.encoder_dim(cfg.dim_mult.size()), false,
-                         attention_chunk);
-  m->table_ = std::move(built.table);
-  m->bytes_loaded_ = built.bytes_read;
-  m->bytes_stored_ = built.bytes_stored - conv_load.bytes_dropped;
+  nn::log_sdpa_attention(kClass, options.device, checkpoint::parse_compute_dtype(m->compute_dtype(), "dtype"), 1,
+                         cfg.encoder_dim(cfg.dim_mult.size()), false, attention_chunk);
+  m->finish_load(std::move(built.table), built.bytes_read, built.bytes_stored - conv_load.bytes_dropped);
   m->w_ = std::move(w);
   return m;
 }
 
-at::Tensor QwenImageVae::decode(const at::Tensor& z_in, Trace* trace) const {
-  if (!has_decoder()) throw ConfigError(fmt::format("{}::decode: the VAE was loaded without its decoder", kClass));
-  const at::Tensor z = one_frame(z_in, "z", config_.z_dim);
+at::Tensor QwenImageVae::decode_images(const at::Tensor& z, Trace* trace) const {
+  // As diffusers' decode: tiled when larger than a latent tile (then
+  // unclamped), else decoded whole and clamped.
   const int64_t sf = config_.scale_factor();
-  // As diffusers' decode: slicing splits the batch; each slice is tiled when
-  // larger than a latent tile (then unclamped), else decoded whole and clamped.
-  auto one = [&](const at::Tensor& zi) {
-    const int64_t tile = tile_sample_ / sf;
-    if (tiling_ && (zi.size(2) > tile || zi.size(3) > tile)) {
-      const VaeTileGrid grid{tile, tile_stride_ / sf, tile_sample_ - tile_stride_, tile_stride_};
-      const at::Tensor out = tiled_apply_grid(zi, grid, [&](const at::Tensor& t) { return decode_frame(t, nullptr); });
-      return out.slice(2, 0, zi.size(2) * sf).slice(3, 0, zi.size(3) * sf);
-    }
-    return at::clamp(decode_frame(zi, trace), -1.0, 1.0);
-  };
-  return (slicing_ ? sliced_apply(z, one) : one(z)).unsqueeze(2);
+  const int64_t tile = tile_sample_size() / sf;
+  if (tiling() && (z.size(2) > tile || z.size(3) > tile)) {
+    const VaeTileGrid grid{tile, tile_stride_ / sf, tile_sample_size() - tile_stride_, tile_stride_};
+    const at::Tensor out = tiled_apply_grid(z, grid, [&](const at::Tensor& t) { return decode_frame(t, nullptr); });
+    return out.slice(2, 0, z.size(2) * sf).slice(3, 0, z.size(3) * sf);
+  }
+  return at::clamp(decode_frame(z, trace), -1.0, 1.0);
 }
 
 at::Tensor QwenImageVae::decode_frame(const at::Tensor& z_in, Trace* trace) const {
@@ -363,27 +334,16 @@ at::Tensor QwenImageVae::decode_frame(const at::Tensor& z_in, Trace* trace) cons
   return h;
 }
 
-TensorMap QwenImageVae::encode(const at::Tensor& image_in, Trace* trace) const {
-  if (!has_encoder()) throw ConfigError(fmt::format("{}::encode: the VAE was loaded without its encoder", kClass));
-  const at::Tensor image = one_frame(image_in, "image", config_.input_channels);
+at::Tensor QwenImageVae::encode_images(const at::Tensor& x, Trace* trace) const {
   const int64_t sf = config_.scale_factor();
-  auto one = [&](const at::Tensor& x) {
-    if (tiling_ && (x.size(2) > tile_sample_ || x.size(3) > tile_sample_)) {
-      const int64_t stride = tile_stride_ / sf;
-      const VaeTileGrid grid{tile_sample_, tile_stride_, tile_sample_ / sf - stride, stride};
-      const at::Tensor out =
-          tiled_apply_grid(x, grid, [&](const at::Tensor& t) { return encode_moments(t, nullptr); });
-      return out.slice(2, 0, x.size(2) / sf).slice(3, 0, x.size(3) / sf);
-    }
-    return encode_moments(x, trace);
-  };
-  const at::Tensor h = slicing_ ? sliced_apply(image, one) : one(image);
-  // DiagonalGaussianDistribution: mean, logvar = chunk(moments, 2, dim=1).
-  auto parts = h.chunk(2, 1);
-  TensorMap out;
-  out["mean"] = parts[0].contiguous().unsqueeze(2);
-  out["std"] = at::exp(at::clamp(parts[1], -30.0, 20.0) * 0.5).unsqueeze(2);
-  return out;
+  const int64_t tile = tile_sample_size();
+  if (tiling() && (x.size(2) > tile || x.size(3) > tile)) {
+    const int64_t stride = tile_stride_ / sf;
+    const VaeTileGrid grid{tile, tile_stride_, tile / sf - stride, stride};
+    const at::Tensor out = tiled_apply_grid(x, grid, [&](const at::Tensor& t) { return encode_moments(t, nullptr); });
+    return out.slice(2, 0, x.size(2) / sf).slice(3, 0, x.size(3) / sf);
+  }
+  return encode_moments(x, trace);
 }
 
 at::Tensor QwenImageVae::encode_moments(const at::Tensor& image, Trace* trace) const {
@@ -425,29 +385,39 @@ at::Tensor QwenImageVae::encode_moments(const at::Tensor& image, Trace* trace) c
   return h;
 }
 
-TensorMap QwenImageVae::forward(const TensorMap& inputs, Trace* trace) const {
-  const bool has_latents = inputs.count("latents") != 0, has_image = inputs.count("image") != 0;
-  if (has_latents == has_image) {
-    throw RequestError(fmt::format("{}: give exactly one input: 'latents' (decode) or 'image' (encode)", kClass),
-                       true);
-  }
-  if (has_latents) return {{"sample", decode(inputs.at("latents"), trace)}};
-  return encode(inputs.at("image"), trace);
-}
-
-TensorMap QwenImageVae::example_inputs(uint64_t seed) const {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
-  const int64_t side = 4 * config_.scale_factor();
-  if (has_decoder()) return {{"latents", at::randn({1, config_.z_dim, 1, 4, 4}, gen, f32)}};
-  return {{"image", at::rand({1, config_.input_channels, 1, side, side}, gen, f32) * 2 - 1}};
-}
-
-std::string QwenImageVae::primary_output() const { return has_decoder() ? "sample" : "mean"; }
-
 at::Tensor QwenImageVae::latents_mean() const { return stats_tensor(config_.latents_mean); }
 at::Tensor QwenImageVae::latents_std() const { return stats_tensor(config_.latents_std); }
 
+std::pair<at::Tensor, at::Tensor> QwenImageVae::stats_for(const at::Tensor& z) const {
+  if (!z.defined() || z.dim() != 5 || z.size(1) != config_.z_dim) {
+    throw RequestError(fmt::format("{}: latents 'z' must be [B, {}, F, h, w], got {}", kClass, config_.z_dim,
+                                   z.defined() ? checkpoint::shape_string(z.sizes().vec()) : "none"),
+                       true);
+  }
+  // As QwenImagePipeline: fp32 statistics from the config's numbers, then z's
+  // device and dtype, the reciprocal taken there.
+  const at::Tensor inv_std = 1.0 / latents_std().to(z.device(), z.scalar_type());
+  return {latents_mean().to(z.device(), z.scalar_type()), inv_std};
+}
+
+at::Tensor QwenImageVae::denormalize(const at::Tensor& z) const {
+  const auto [mean, inv_std] = stats_for(z);
+  return z / inv_std + mean;
+}
+
+at::Tensor QwenImageVae::normalize(const at::Tensor& z) const {
+  const auto [mean, inv_std] = stats_for(z);
+  return (z - mean) * inv_std;
+}
+
 TPRUN_REGISTER_MODEL(QwenImageVae, QwenImageVaeConfig);
+
+namespace {
+VaeInfo read_info(const nlohmann::json& config, const std::string& config_path) {
+  return info_of(QwenImageVaeConfig::from_json(config, config_path));
+}
+}  // namespace
+
+TPRUN_REGISTER_VAE_INFO(QwenImageVae::kClass, read_info);
 
 }  // namespace tprun::models

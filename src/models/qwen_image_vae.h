@@ -38,23 +38,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "models/model.h"
-
-namespace at {
-class Tensor;
-}
-
-namespace tprun::checkpoint {
-class WeightSource;
-}
+#include "models/vae.h"
 
 namespace tprun::models {
-
-class TensorCensus;  // models/model_config.h
 
 struct QwenImageVaeConfig {
   int64_t base_dim = 96;
@@ -89,7 +80,7 @@ struct QwenImageVaeConfig {
 
 struct QwenVaeWeights;  // qwen_image_vae_blocks.h
 
-class QwenImageVae final : public Model {
+class QwenImageVae final : public Vae {
  public:
   static constexpr const char* kClass = "AutoencoderKLQwenImage";
 
@@ -108,49 +99,40 @@ class QwenImageVae final : public Model {
                                             const std::string& config_path, const parallel::TpContext& tp = {},
                                             const ModelOptions& options = {});
 
-  // z [B, z_dim, 1, h, w] or [B, z_dim, h, w], as the pipeline hands it (already
-  // z * latents_std + latents_mean) -> sample [B, input_channels, 1, h*sf, w*sf]
-  // (sf = scale_factor()), in compute_dtype(). RequestError naming 'z' for
-  // another rank, channel count or more than one frame; ConfigError when loaded
-  // without the decoder.
-  at::Tensor decode(const at::Tensor& z, Trace* trace = nullptr) const;
-
-  // image [B, input_channels, 1, H, W] or [B, input_channels, H, W] in [-1, 1]
-  // -> {"mean", "std"} of the latent distribution, each [B, z_dim, 1, h, w]
-  // (h = H halved, rounding up, at each level; tiled: H // sf as diffusers
-  // crops it). RequestError naming 'image' as decode's; ConfigError when
-  // loaded without the encoder.
-  TensorMap encode(const at::Tensor& image, Trace* trace = nullptr) const;
-
-  // {"latents"} -> {"sample"} (decode) or {"image"} -> {"mean", "std"} (encode).
-  TensorMap forward(const TensorMap& inputs, Trace* trace = nullptr) const override;
-  TensorMap example_inputs(uint64_t seed) const override;
-  std::string primary_output() const override;
+  // z [B, z_dim, F, h, w]: denormalize = z / (1 / latents_std) + latents_mean,
+  // normalize = (z - latents_mean) x (1 / latents_std), as QwenImagePipeline /
+  // QwenImageImg2ImgPipeline; the statistics (fp32 from the config's numbers)
+  // and 1 / std in z's dtype on z's device. RequestError naming 'z' otherwise.
+  at::Tensor denormalize(const at::Tensor& z) const override;
+  at::Tensor normalize(const at::Tensor& z) const override;
 
   const QwenImageVaeConfig& config() const { return config_; }
-  // config().latents_mean / latents_std as [1, z_dim, 1, 1, 1] fp32 tensors:
-  // the pipeline decodes z * std + mean (and encodes (z - mean) / std).
+  // config().latents_mean / latents_std as [1, z_dim, 1, 1, 1] fp32 tensors.
   at::Tensor latents_mean() const;
   at::Tensor latents_std() const;
-  const std::string& compute_dtype() const { return compute_dtype_; }
-  bool has_decoder() const;
-  bool has_encoder() const;
-  // MemoryOptions::vae_slicing / vae_tiling as loaded; tile and stride in pixels.
-  bool slicing() const { return slicing_; }
-  bool tiling() const { return tiling_; }
-  int64_t tile_sample_size() const { return tile_sample_; }
+  // The tile stride in pixels: int(tile_sample_size() x (1 - vae_tile_overlap)).
   int64_t tile_sample_stride() const { return tile_stride_; }
 
  private:
-  // One image batch without slicing or tiling (4-D in and out): the decoded
-  // frame (unclamped) and the [mean, logvar] moments.
+  // A QwenImageVae of `config` whose weights load() reads next; ConfigError for its tiles.
+  QwenImageVae(QwenImageVaeConfig config, const ModelOptions& options, const std::string& config_path);
+  // Vae::decode / encode of one frame: z [b, z_dim, h, w] -> [b,
+  // input_channels, h*sf, w*sf] (sf = scale_factor()), clamped to [-1, 1]
+  // unless tiled (as diffusers); image [b, input_channels, H, W] -> moments
+  // [b, 2 x z_dim, h, w] (h = H halved, rounding up, at each level; tiled:
+  // H // sf as diffusers crops it). Tiles as the header comment says.
+  at::Tensor decode_images(const at::Tensor& z, Trace* trace) const override;
+  at::Tensor encode_images(const at::Tensor& image, Trace* trace) const override;
+  // One image batch without tiling (4-D in and out): the decoded frame
+  // (unclamped) and the [mean, logvar] moments.
   at::Tensor decode_frame(const at::Tensor& z, Trace* trace) const;
   at::Tensor encode_moments(const at::Tensor& image, Trace* trace) const;
+  // {mean, 1 / std} in z's dtype on z's device, each [1, z_dim, 1, 1, 1];
+  // RequestError naming 'z' unless z is [B, z_dim, F, h, w].
+  std::pair<at::Tensor, at::Tensor> stats_for(const at::Tensor& z) const;
 
   QwenImageVaeConfig config_;
-  bool slicing_ = false, tiling_ = false;
-  int64_t tile_sample_ = 256, tile_stride_ = 192;
-  std::string compute_dtype_ = "fp32";
+  int64_t tile_stride_ = 192;
   std::shared_ptr<const QwenVaeWeights> w_;
 };
 

@@ -113,7 +113,6 @@ struct QwenDecoderWeights {
 };
 
 struct QwenVaeWeights {
-  bool has_encoder = false, has_decoder = false;
   QwenEncoderWeights encoder;
   QwenDecoderWeights decoder;
   CausalConvWeights quant_conv, post_quant_conv;

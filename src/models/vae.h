@@ -50,6 +50,12 @@ struct VaeInfo {
   int64_t temporal_scale = 1;             // 1 for image VAEs
   int64_t default_tile_sample = 0;        // tile side (px) when [memory] vae_tile_sample_size is unset
   bool force_upcast = false;              // a 16-bit compute dtype runs this VAE in fp32
+  // Its tiling cuts tiles in whole latents: [memory] vae_tile_sample_size must
+  // be a multiple of spatial_scale (checked before any weight is read;
+  // AutoencoderKL's tiling, not AutoencoderKLQwenImage's).
+  bool whole_latent_tiles = false;
+  int64_t sample_channels = 3;            // channels of the images it encodes
+  bool frame_axis = false;                // latents and samples are [B, C, F, h, w] (3-D VAEs)
   std::vector<int64_t> decoder_channels;  // per level, lowest resolution first
 };
 
@@ -66,37 +72,99 @@ using VaeInfoReader = std::function<VaeInfo(const nlohmann::json& config, const 
 // file, the class and the known ones for another class).
 VaeInfo read_vae_info(const nlohmann::json& config, const std::string& config_path);
 
+struct BuildOptions;  // models/model_builder.h
+
+// What a VAE was loaded with, the same for every class: the part
+// (ModelOptions::part: "" = both, "decoder", "encoder") and
+// MemoryOptions::vae_slicing / vae_tiling / vae_tile_sample_size (0: the
+// class's default tile) / vae_tile_overlap.
+struct VaeSwitches {
+  std::string part;
+  bool slicing = false, tiling = false;
+  int64_t tile_sample = 0;  // tile side in pixels
+  double tile_overlap = 0.25;
+};
+
 class Vae : public Model {
  public:
-  // Normalised latents in the layout this VAE decodes ([B, C, h, w] image
-  // VAEs; [B, C, F, h, w] 3-D ones), moved to the VAE's device and dtype by
-  // the caller -> samples [B, 3, H, W] / [B, 3, F', H, W] in [-1, 1] (not
-  // clamped by image VAEs), in compute_dtype().
-  virtual at::Tensor decode(const at::Tensor& z, Trace* trace = nullptr) const = 0;
-  // Samples in [-1, 1] -> {"mean", "std"} of the latent distribution.
-  virtual TensorMap encode(const at::Tensor& image, Trace* trace = nullptr) const = 0;
+  // Denormalized latents in the layout this VAE decodes ([B, C, h, w] image
+  // VAEs; [B, C, 1, h, w] or [B, C, h, w] for a VAE with a frame axis, which
+  // tprun decodes one frame at a time), on any device / dtype (moved to the
+  // VAE's) -> samples [B, S, H, W] ([B, S, 1, H, W] with a frame axis; S the
+  // image channels, 3), not clamped by image VAEs, in compute_dtype(). The
+  // batch one image at a time when slicing; each image tiled when tiling and
+  // larger than a tile.
+  // RequestError naming 'z' for another layout or channel count; ConfigError
+  // when loaded without the decoder.
+  at::Tensor decode(const at::Tensor& z, Trace* trace = nullptr) const;
+  // Samples in [-1, 1], laid out as decode's output -> {"mean", "std"} of the
+  // latent distribution, laid out as decode's input; sliced and tiled alike.
+  // RequestError naming 'image'; ConfigError when loaded without the encoder.
+  TensorMap encode(const at::Tensor& image, Trace* trace = nullptr) const;
   // The pipeline's latent normalisation undone / applied, computed in z's
   // dtype on z's device. `z` is in the layout this VAE's statistics describe:
   // AutoencoderKL [B, C, h, w] (z / scaling_factor + shift_factor);
   // AutoencoderKLFlux2 the 2x2-patchified [B, 4C, h/2, w/2] (batch-norm
   // statistics); AutoencoderKLQwenImage [B, C, F, h, w] (latents_mean / _std).
+  // RequestError naming 'z' for another layout.
   virtual at::Tensor denormalize(const at::Tensor& z) const = 0;
   virtual at::Tensor normalize(const at::Tensor& z) const = 0;
 
-  virtual const VaeInfo& info() const = 0;
+  // {"latents"} -> {"sample"} (decode) or {"image"} -> {"mean", "std"}
+  // (encode); RequestError unless exactly one of them is given.
+  TensorMap forward(const TensorMap& inputs, Trace* trace = nullptr) const final;
+  // "sample" with the decoder loaded, else "mean".
+  std::string primary_output() const final;
+  // With the decoder: {"latents"} of 4 x 4 latents (one frame when
+  // info().frame_axis), else {"image"} of (4 x spatial_scale)^2 pixels in
+  // [-1, 1]; batch 1, fp32, drawn from `seed` on the CPU.
+  TensorMap example_inputs(uint64_t seed) const override;
+
+  const VaeInfo& info() const { return info_; }
   int64_t latent_channels() const { return info().latent_channels; }
   int64_t spatial_scale() const { return info().spatial_scale; }
   int64_t temporal_scale() const { return info().temporal_scale; }
-  // "fp32" when upcast, else the requested dtype.
-  virtual const std::string& compute_dtype() const = 0;
+  // "fp32" when upcast, else the requested dtype (its canonical name).
+  const std::string& compute_dtype() const { return compute_dtype_; }
   // MemoryOptions::vae_slicing / vae_tiling as loaded; the tile side in pixels.
-  virtual bool slicing() const = 0;
-  virtual bool tiling() const = 0;
-  virtual int64_t tile_sample_size() const = 0;
-  virtual bool has_decoder() const = 0;
-  virtual bool has_encoder() const = 0;
+  bool slicing() const { return switches_.slicing; }
+  bool tiling() const { return switches_.tiling; }
+  int64_t tile_sample_size() const { return switches_.tile_sample; }
+  double tile_overlap() const { return switches_.tile_overlap; }
+  bool has_decoder() const { return loaded_ && switches_.part != "encoder"; }
+  bool has_encoder() const { return loaded_ && switches_.part != "decoder"; }
   // This loaded decoder's shape for the memory estimate on `device`.
   VaeShape memory_shape(const std::string& device) const;
+
+ protected:
+  // A load's first step, one for every class: `info` kept, the compute dtype
+  // (vae_compute_dtype: ConfigError naming 'dtype'), the part checked
+  // (ConfigError naming the class) and the switches read from options.memory.
+  void init_vae(VaeInfo info, const ModelOptions& options);
+  // The build options of the loaded part: build_options(options) in
+  // compute_dtype(), reading only that part's tensors.
+  BuildOptions part_build_options(const ModelOptions& options) const;
+  // The last step: the built table and byte counts kept, the part marked loaded.
+  void finish_load(ModelTable table, uint64_t bytes_read, uint64_t bytes_stored);
+  // `table` (the whole model) with the tensors a load of `part` never reads
+  // optional: encoder.* + quant_conv.* for "decoder", decoder.* +
+  // post_quant_conv.* for "encoder" (any other tensor goes with both).
+  static void mark_other_part_optional(ModelTable& table, const std::string& part);
+  // x as [B, channels, H, W] (a frame-axis VAE's one frame squeezed);
+  // RequestError naming the input otherwise.
+  at::Tensor image_batch(const at::Tensor& x, const char* name, int64_t channels) const;
+
+ private:
+  // The class's decode / encode of one slice of images ([b, C, h, w] /
+  // [b, sample_channels, H, W], checked): tiled when tiling and larger than
+  // a tile; encode_images returns the moments cat(mean, logvar) on dim 1.
+  virtual at::Tensor decode_images(const at::Tensor& z, Trace* trace) const = 0;
+  virtual at::Tensor encode_images(const at::Tensor& image, Trace* trace) const = 0;
+
+  VaeInfo info_;
+  std::string compute_dtype_ = "fp32";
+  VaeSwitches switches_;
+  bool loaded_ = false;
 };
 
 namespace detail {

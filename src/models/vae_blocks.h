@@ -54,7 +54,6 @@ struct VaeCoderWeights {
 };
 
 struct VaeWeights {
-  bool has_encoder = false, has_decoder = false;
   VaeCoderWeights encoder, decoder;
   Affine quant_conv, post_quant_conv;  // weight null when absent
   parallel::Weight bn_mean, bn_var;    // AutoencoderKLFlux2's latent statistics [4 * latent_channels]

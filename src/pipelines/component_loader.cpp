@@ -39,8 +39,15 @@ LoadedComponents load_components(const checkpoint::PipelineFolder& pf, const Pip
                                  const ComponentConfigs& configs, const parallel::TpContext& tp,
                                  const PipelineOptions& options) {
   const std::vector<const ComponentSpec*> order = spec.models_in_load_order();
-  // Every TP plan for this tp before any weight byte is read.
-  for (const ComponentSpec* c : order) {
+  // Every TP plan for this tp before any weight byte is read: the text
+  // encoders' first (what an encode phase alone would refuse), then the
+  // transformer's.
+  std::vector<const ComponentSpec*> plans;
+  for (const ComponentSpec* c : order)
+    if (c->role == ComponentRole::kTextEncoder) plans.push_back(c);
+  for (const ComponentSpec* c : order)
+    if (c->role != ComponentRole::kTextEncoder) plans.push_back(c);
+  for (const ComponentSpec* c : plans) {
     if (!component_split(*c, options)) continue;
     if (c->role == ComponentRole::kTextEncoder && !options.text_encoders) continue;
     const ComponentConfig& cc = configs.at(c->name);

@@ -27,7 +27,8 @@
 #include "runtime/error.h"
 #include "test_data.h"
 
-namespace tprun::models {
+// (A namespace of its own: the fixture `Vae` would clash with models::Vae.)
+namespace tprun::models::vae_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -352,4 +353,4 @@ TEST(VaeCheckpoint, MissingTensorAndSmallModelRuns) {
 }
 
 }  // namespace
-}  // namespace tprun::models
+}  // namespace tprun::models::vae_test
