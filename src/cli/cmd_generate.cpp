@@ -86,10 +86,11 @@ void add_model_options(po::options_description& desc) {
       ("tp", po::value<int>(), "tensor-parallel group size; default and only choice: the world size")
       ("shard-text-encoders", po::bool_switch(),
        "shard the text encoders that have a TP plan over the TP group too (FLUX.1: T5; the FLUX.2 "
-       "pipelines do by default)")
+       "and Qwen-Image pipelines do by default)")
       ("shard-text-encoder-2", po::bool_switch(), "the same (the name of earlier releases)")
       ("replicate-text-encoders", po::bool_switch(),
-       "every rank holds the whole text encoder (the FLUX.2 pipelines shard it by default)")
+       "every rank holds the whole text encoder (the FLUX.2 and Qwen-Image pipelines shard it by "
+       "default)")
       ("shard-modulation", po::bool_switch(), "also shard the transformer's AdaLN modulation linears");
   desc.add(m);
 }

@@ -1,6 +1,7 @@
 // `tprun tokenize`: the ids a pipeline folder's tokenizers give a prompt,
 // exactly as the pipeline passes them to its text encoders (each pipeline
-// family registers how: FLUX.1 CLIP + T5, FLUX.2 the chat template).
+// family registers how: FLUX.1 CLIP + T5, FLUX.2 its chat template, Qwen-Image its
+// prompt template).
 #include <iostream>
 
 #include <fmt/format.h>
@@ -52,7 +53,8 @@ Command tokenize_command() {
     po::options_description o("Tokenize");
     o.add_options()
         ("model", po::value<std::string>(), "diffusers pipeline folder (FluxPipeline: tokenizer/ and tokenizer_2/; "
-                                            "FLUX.2: tokenizer/ with its chat template)")
+                                            "FLUX.2: tokenizer/ with its chat template; "
+                                            "QwenImagePipeline: tokenizer/ with its prompt template)")
         ("prompt", po::value<std::string>(), "the prompt")
         ("max-sequence-length", po::value<int64_t>()->default_value(512),
          "text-encoder length (T5 for FLUX.1, the chat-templated prompt for FLUX.2 and Qwen-Image; default 512; "

@@ -27,7 +27,7 @@
 //  4. Scheduling: static, by cost. With output.batch_size > 1, requests of one
 //     shape (size, steps, guidance, true CFG, max_sequence_length) are first
 //     grouped in id order into batches of up to batch_size, which the replica
-//     denoises together (FluxPipeline::generate_batch); a batch's members so
+//     denoises together (DiffusionPipeline::generate_batch); a batch's members so
 //     depend on the manifest and what is left to run, never on dp, tp or order.
 //     Each unit's cost is known up front (pixels x steps x forwards per step);
 //     longest-processing-time-first assignment to the least-loaded replica,

@@ -1,6 +1,6 @@
 #pragma once
 // The pieces of an MMDiT (a diffusion transformer with an image and a text
-// stream) that FLUX.1, FLUX.2 and the families after them (Qwen-Image) share,
+// stream) that FLUX.1, FLUX.2 and Qwen-Image share,
 // per TP rank: AdaLN modulation, heads with their QK RMSNorm, joint attention
 // over the concatenated [text, image] tokens with RoPE, the one AllReduce that
 // closes both streams' row-wise projections, the two-linear embedders and

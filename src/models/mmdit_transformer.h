@@ -1,5 +1,5 @@
 #pragma once
-// What the MMDiT transformers (FLUX.1, FLUX.2; Qwen-Image next) share above
+// What the MMDiT transformers (FLUX.1, FLUX.2, Qwen-Image) share above
 // their blocks: the axes_dims_rope check of their configs, the load (record,
 // validate, load this rank's slices, log the attention backend) and the
 // Model interface their forwards answer ("sample"; two AllReduces per
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "models/model.h"
+#include "models/denoiser.h"
 
 namespace tprun::checkpoint {
 class WeightSource;
@@ -25,19 +25,14 @@ class ModelBuilder;
 // equal to attention_head_dim (CheckpointError naming the file and field).
 void check_rope_axes(const std::vector<int64_t>& axes_dims_rope, int64_t head_dim, const std::string& config_path);
 
-class MmditTransformer : public Model {
+// run() gives `sample` [B, S_img, patch^2 * out_channels].
+class MmditTransformer : public Denoiser {
  public:
-  // `sample` [B, S_img, patch^2 * out_channels] in the compute dtype; the
-  // family's header lists the inputs and the trace.
-  virtual at::Tensor run(const TensorMap& inputs, Trace* trace = nullptr) const = 0;
 
   TensorMap forward(const TensorMap& inputs, Trace* trace = nullptr) const override;
   std::string primary_output() const override { return "sample"; }
   // 2 * dual-stream blocks + single-stream blocks (+1 with shard_modulation), 0 at tp 1.
   int64_t all_reduces_per_forward() const override;
-
-  // MemoryOptions::attention_chunk as loaded (0: one attention call over all queries).
-  int64_t attention_chunk() const { return attention_chunk_; }
 
  protected:
   // The size of the model a load is for: attention heads and head_dim (for
@@ -58,7 +53,6 @@ class MmditTransformer : public Model {
   bool shard_modulation_ = false;
 
  private:
-  int64_t attention_chunk_ = 0;
   Shape shape_;
 };
 

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -46,6 +47,10 @@ struct ModelFamily {
                                        const std::string& config_path, const parallel::TpContext& tp,
                                        const ModelOptions&)>
       load;
+  // The layerwise-casting skip patterns the class adds (its
+  // class_skip_patterns(), where it has one): what the fit planner's tables
+  // need to count fp8 storage as the load does.
+  std::vector<std::string> class_skip;
 };
 
 // The family of `cls`, or nullptr.
@@ -68,10 +73,18 @@ namespace detail {
 bool register_model_family(const char* cls, ModelFamily family);
 }
 
+namespace detail {
+template <class M, class = void>
+struct HasClassSkip : std::false_type {};
+template <class M>
+struct HasClassSkip<M, std::void_t<decltype(M::class_skip_patterns())>> : std::true_type {};
+}  // namespace detail
+
 // The family of a model class with the static interface described above.
 template <class M, class Config>
 ModelFamily model_family() {
   ModelFamily f;
+  if constexpr (detail::HasClassSkip<M>::value) f.class_skip = M::class_skip_patterns();
   f.table = [](const nlohmann::json& config, const std::string& path, const ModelOptions& o,
                 const TensorCensus* census) { return M::table_for(Config::from_json(config, path, census), o); };
   f.load = [](checkpoint::WeightSource& source, const nlohmann::json& config, const std::string& path,

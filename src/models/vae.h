@@ -50,6 +50,10 @@ struct VaeInfo {
   int64_t temporal_scale = 1;             // 1 for image VAEs
   int64_t default_tile_sample = 0;        // tile side (px) when [memory] vae_tile_sample_size is unset
   bool force_upcast = false;              // a 16-bit compute dtype runs this VAE in fp32
+  // Its tiling cuts tiles in whole latents: [memory] vae_tile_sample_size must
+  // be a multiple of spatial_scale (checked before any weight is read;
+  // AutoencoderKL's tiling, not AutoencoderKLQwenImage's).
+  bool whole_latent_tiles = false;
   int64_t sample_channels = 3;            // channels of the images it encodes
   bool frame_axis = false;                // latents and samples are [B, C, F, h, w] (3-D VAEs)
   std::vector<int64_t> decoder_channels;  // per level, lowest resolution first

@@ -33,16 +33,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
 
-#include "models/tensor_map.h"
-#include "pipelines/family_steps.h"
-#include "pipelines/pipeline.h"
+#include "pipelines/diffusion_pipeline.h"
 
 namespace tprun::pipelines {
 
-class Flux2Pipeline final : public RuntimePipeline {
+class Flux2Pipeline final : public DiffusionPipeline {
  public:
   static constexpr const char* kClass = "Flux2Pipeline";            // FLUX.2 [dev]
   static constexpr const char* kKleinClass = "Flux2KleinPipeline";  // FLUX.2 [klein]
@@ -58,44 +56,20 @@ class Flux2Pipeline final : public RuntimePipeline {
   static std::unique_ptr<Flux2Pipeline> load(const std::string& folder, const parallel::TpContext& tp,
                                              const PipelineOptions& options = {});
 
-  std::string class_name() const override;
-  GenerationRequest with_defaults(GenerationRequest request) const override;
-  // RequestError naming the field: sizes (multiples of 2 x the VAE scale
-  // factor), steps, guidance, max_sequence_length in [1, 512], given tensors'
-  // shapes, a negative prompt or true_cfg_scale where the pipeline has none.
-  void check_request(const GenerationRequest& request) const override;
-  std::string batch_key(const GenerationRequest& request) const override;
-  double cost(const GenerationRequest& request) const override;
-  std::vector<GenerationResult> generate_batch(const std::vector<GenerationRequest>& requests,
-                                               const StepCallback& on_step = {}) const override;
-  // Packed latents: [image tokens, in_channels (4 x latent channels)].
-  std::vector<int64_t> latent_shape(int64_t height, int64_t width) const override;
-
-  bool decodes() const override;
-  int64_t transformer_all_reduces() const override;
-
-  // Staged phases: the prompt's encode gives prompt_embeds; klein's negative
-  // prompt's (true CFG; "" unless given) gives negative_prompt_embeds; dev
-  // has none. encode_text's map holds encode_prompt's tensors on the CPU.
-  std::vector<TextEncode> text_encodes(const GenerationRequest& request) const override;
-  models::TensorMap encode_text(const TextEncode& encode) const override;
-  void warn_truncation(const GenerationRequest& request, const TextEncode& encode,
-                       const models::TensorMap& embeddings) const override;
-
-  // {"prompt_embeds" [1, max_sequence_length, 3 * hidden]} as the pipeline's
-  // encode_prompt returns it (through the cache).
-  models::TensorMap encode_prompt(const std::string& prompt, int64_t max_sequence_length) const;
-  bool klein() const;
-  // klein: true CFG runs for this guidance (not distilled, guidance > 1).
-  bool true_cfg(double guidance) const;
-
-  struct Impl;
-
- protected:
-  const PipelineRuntime& runtime() const override;
+  bool klein() const { return klein_; }
 
  private:
-  std::shared_ptr<const Impl> impl_;
+  // klein: true CFG with guidance as its scale when the folder is not distilled and guidance > 1.
+  bool true_cfg(const GenerationRequest& r) const override;
+  double cfg_scale(const GenerationRequest& r) const override { return *r.guidance; }
+  bool has_negative() const override { return klein_; }
+  at::Tensor draw_latents(const GenerationRequest& r) const override;
+  std::optional<double> schedule_mu(const FlowMatchEulerDiscreteScheduler& scheduler, int64_t image_tokens,
+                                    int64_t steps) const override;
+  void add_transformer_inputs(models::TensorMap& inputs, const GenerationRequest& r, int64_t batch) const override;
+  at::Tensor decode_latents(const at::Tensor& packed, int64_t height, int64_t width) const override;
+
+  bool klein_ = false, distilled_ = false;
 };
 
 }  // namespace tprun::pipelines

@@ -26,12 +26,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
 
-#include "models/tensor_map.h"
-#include "pipelines/family_steps.h"
-#include "pipelines/pipeline.h"
+#include "models/flux_transformer.h"
+#include "pipelines/diffusion_pipeline.h"
 
 namespace tprun::pipelines {
 
@@ -42,66 +41,31 @@ namespace tprun::pipelines {
 // prompt_embeds + pooled_prompt_embeds (then `prompt` is not encoded),
 // negative_prompt_embeds + negative_pooled_prompt_embeds, latents (packed
 // [1, N, 4C] initial noise; then the seed is not used).
-class FluxPipeline final : public RuntimePipeline {
+class FluxPipeline final : public DiffusionPipeline {
  public:
   static constexpr const char* kClass = "FluxPipeline";
 
   // `folder`: a diffusers FluxPipeline folder (model_index.json). Reads the
   // configs, checks the components fit together (joint_attention_dim vs T5
   // d_model, pooled_projection_dim vs CLIP hidden size, in_channels vs the
-  // VAE's latent channels), validates the transformer's TP plan, then loads.
-  // Errors name the folder, component and field. options.denoiser false:
-  // every config is read and checked alike, the transformer and the VAE are
-  // not loaded (the encode phase of a staged job).
+  // VAE's latent channels), validates the TP plans, then loads. Errors name
+  // the folder, component and field. options.denoiser false: every config
+  // is read and checked alike, the transformer and the VAE are not loaded
+  // (the encode phase of a staged job).
   static std::unique_ptr<FluxPipeline> load(const std::string& folder, const parallel::TpContext& tp,
                                             const PipelineOptions& options = {});
 
-  std::string class_name() const override { return kClass; }
-  GenerationRequest with_defaults(GenerationRequest request) const override;
-  // RequestError naming the field (height/width not multiples of
-  // 2 * vae_scale_factor, steps < 1, missing prompt and embeddings, given
-  // tensors of the wrong shape, ...).
-  void check_request(const GenerationRequest& request) const override;
-  // Size, steps, guidance, true CFG (on/off and scale), max_sequence_length.
-  std::string batch_key(const GenerationRequest& request) const override;
-  // Pixels x steps x transformer forwards per step.
-  double cost(const GenerationRequest& request) const override;
-  // Each prompt is encoded and each noise drawn alone, the denoising runs on
-  // the stacked latents, each image is checked and decoded alone. Results
-  // equal generate()'s to float rounding (GEMMs see a larger batch).
-  std::vector<GenerationResult> generate_batch(const std::vector<GenerationRequest>& requests,
-                                               const StepCallback& on_step = {}) const override;
-  // Packed latents: [image tokens, 4 x latent channels].
-  std::vector<int64_t> latent_shape(int64_t height, int64_t width) const override;
-
-  bool decodes() const override;
-  int64_t transformer_all_reduces() const override;
-
-  // Staged phases: the prompt's encode gives prompt_embeds and
-  // pooled_prompt_embeds; the negative prompt's (true CFG) gives
-  // negative_prompt_embeds and negative_pooled_prompt_embeds. encode_text's
-  // map holds encode_prompt's tensors on the CPU, and "clip_max_length" next
-  // to "clip_tokens_cut" (the CLIP line of warn_truncation, for a pipeline
-  // loaded without the tokenizer).
-  std::vector<TextEncode> text_encodes(const GenerationRequest& request) const override;
-  models::TensorMap encode_text(const TextEncode& encode) const override;
-  void warn_truncation(const GenerationRequest& request, const TextEncode& encode,
-                       const models::TensorMap& embeddings) const override;
-
-  // The prompt embeddings as FluxPipeline.encode_prompt returns them:
-  // {"prompt_embeds" [1, S, joint], "pooled_prompt_embeds" [1, pooled]},
-  // through the per-process cache (prompt_cache.h).
-  models::TensorMap encode_prompt(const std::string& prompt, int64_t max_sequence_length) const;
-  int64_t vae_scale_factor() const;
-  bool has_guidance_embeds() const;
-
-  struct Impl;
-
- protected:
-  const PipelineRuntime& runtime() const override;
+  bool has_guidance_embeds() const { return flux_.guidance; }
 
  private:
-  std::shared_ptr<const Impl> impl_;
+  bool true_cfg(const GenerationRequest& r) const override;
+  double cfg_scale(const GenerationRequest& r) const override { return *r.true_cfg_scale; }
+  std::optional<double> schedule_mu(const FlowMatchEulerDiscreteScheduler& scheduler, int64_t image_tokens,
+                                    int64_t steps) const override;
+  void add_transformer_inputs(models::TensorMap& inputs, const GenerationRequest& r, int64_t batch) const override;
+  at::Tensor decode_latents(const at::Tensor& packed, int64_t height, int64_t width) const override;
+
+  models::FluxConfig flux_;  // the transformer's config, read whether or not it is loaded
 };
 
 }  // namespace tprun::pipelines

@@ -1,14 +1,13 @@
 #include "pipelines/pipeline.h"
 
-#include <map>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "checkpoint/pipeline_folder.h"
 #include "memory/offload_plan.h"
 #include "pipelines/device_map.h"
-#include "pipelines/pipeline_components.h"
+#include "pipelines/component_check.h"
+#include "pipelines/pipeline_spec.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
@@ -35,48 +34,24 @@ models::ModelOptions component_options(const PipelineOptions& options, const std
   o.memory.device_map = std::move(mine);
   return o;
 }
-namespace {
-
-std::map<std::string, PipelineLoader>& registry() {
-  static std::map<std::string, PipelineLoader> r;
-  return r;
-}
-
-std::map<std::string, PromptTokenizer>& tokenizers() {
-  static std::map<std::string, PromptTokenizer> r;
-  return r;
-}
-
-}  // namespace
-
-namespace detail {
-bool register_pipeline(const char* cls, PipelineLoader loader) {
-  registry()[cls] = std::move(loader);
-  return true;
-}
-bool register_prompt_tokenizer(const char* cls, PromptTokenizer tokenizer) {
-  tokenizers()[cls] = std::move(tokenizer);
-  return true;
-}
-}  // namespace detail
-
 std::vector<PromptTokens> tokenize_prompt(const std::string& folder, const std::string& prompt,
                                           int64_t max_sequence_length) {
   if (!checkpoint::is_pipeline_folder(folder)) {
     throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
   }
   const auto pf = checkpoint::open_pipeline_folder(folder);
-  auto it = tokenizers().find(pf.cls);
-  if (it == tokenizers().end()) {
+  const PipelineSpec* spec = find_pipeline_spec(pf.cls);
+  if (!spec || !spec->tokenize) {
     std::vector<std::string> known;
-    for (const auto& [name, fn] : tokenizers()) known.push_back(name);
+    for (const auto& name : pipeline_spec_names())
+      if (find_pipeline_spec(name)->tokenize) known.push_back(name);
     throw ConfigError(fmt::format("{}/model_index.json: _class_name '{}' is not a pipeline tprun can tokenize for "
                                   "(known: {})",
                                   folder, pf.cls, fmt::join(known, ", ")),
                       true);
   }
   check_pipeline_components(pf);
-  return it->second(folder, prompt, max_sequence_length);
+  return spec->tokenize(folder, prompt, max_sequence_length);
 }
 
 double StageTimes::denoise_s() const {
@@ -100,11 +75,7 @@ std::vector<int64_t> Pipeline::request_latent_shape(const GenerationRequest& req
   return latent_shape(request.height.value_or(0), request.width.value_or(0));
 }
 
-std::vector<std::string> pipeline_names() {
-  std::vector<std::string> names;
-  for (const auto& [name, loader] : registry()) names.push_back(name);
-  return names;
-}
+std::vector<std::string> pipeline_names() { return pipeline_spec_names(); }
 
 std::unique_ptr<Pipeline> load_pipeline(const std::string& folder, const parallel::TpContext& tp,
                                         const PipelineOptions& options) {
@@ -112,14 +83,14 @@ std::unique_ptr<Pipeline> load_pipeline(const std::string& folder, const paralle
     throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
   }
   const auto pf = checkpoint::open_pipeline_folder(folder);
-  auto it = registry().find(pf.cls);
-  if (it == registry().end()) {
+  const PipelineSpec* spec = find_pipeline_spec(pf.cls);
+  if (!spec) {
     throw ConfigError(fmt::format("{}/model_index.json: _class_name '{}' is not a pipeline tprun can run (known: {})",
                                   folder, pf.cls, fmt::join(pipeline_names(), ", ")),
                       true);
   }
   check_pipeline_components(pf);  // before the device map reads any component config
-  return it->second(folder, tp, resolve_device_map(pf, tp, options));
+  return spec->load(folder, tp, resolve_device_map(pf, tp, options));
 }
 
 }  // namespace tprun::pipelines

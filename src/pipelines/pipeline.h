@@ -33,7 +33,8 @@ struct PipelineOptions {
   std::string device = "cpu";
   std::string variant;                // weights variant ("fp16": *.fp16.safetensors)
   // The text encoders that have a TP plan run over the TP group too; unset:
-  // the pipeline's choice (FluxPipeline: T5 replicated; FLUX.2: sharded).
+  // the pipeline's choice (FluxPipeline: T5 replicated; FLUX.2 and
+  // Qwen-Image: sharded).
   std::optional<bool> shard_text_encoders;
   bool shard_modulation = false;      // the transformer's AdaLN modulations rowwise_split_input
   bool text_encoders = true;          // false: requests must give prompt embeddings
@@ -181,28 +182,4 @@ std::unique_ptr<Pipeline> load_pipeline(const std::string& folder, const paralle
                                         const PipelineOptions& options = {});
 std::vector<std::string> pipeline_names();
 
-namespace detail {
-bool register_pipeline(const char* cls, PipelineLoader loader);
-bool register_prompt_tokenizer(const char* cls, PromptTokenizer tokenizer);
-}
-
 }  // namespace tprun::pipelines
-
-#define TPRUN_PIPELINE_CONCAT_(a, b) a##b
-#define TPRUN_PIPELINE_CONCAT(a, b) TPRUN_PIPELINE_CONCAT_(a, b)
-// In the pipeline's own .cpp: TPRUN_REGISTER_PIPELINE(FluxPipeline); for a class
-// with `static constexpr const char* kClass` and
-// `static std::unique_ptr<P> load(const std::string&, const parallel::TpContext&, const PipelineOptions&)`.
-#define TPRUN_REGISTER_PIPELINE(P) TPRUN_REGISTER_PIPELINE_AS(P::kClass, P)
-// One implementation serving several model_index.json classes.
-#define TPRUN_REGISTER_PIPELINE_AS(name, P)                                                           \
-  static const bool TPRUN_PIPELINE_CONCAT(tprun_pipeline_registered_, __LINE__) [[maybe_unused]] = \
-      ::tprun::pipelines::detail::register_pipeline(                                                  \
-          name, [](const std::string& folder, const ::tprun::parallel::TpContext& tp,                  \
-                        const ::tprun::pipelines::PipelineOptions& options)                             \
-                         -> std::unique_ptr<::tprun::pipelines::Pipeline> { return P::load(folder, tp, options); })
-
-// In the pipeline's own .cpp: TPRUN_REGISTER_PROMPT_TOKENIZER("FluxPipeline", fn);
-#define TPRUN_REGISTER_PROMPT_TOKENIZER(name, fn)                                                    \
-  static const bool TPRUN_PIPELINE_CONCAT(tprun_tokenizer_registered_, __LINE__) [[maybe_unused]] = \
-      ::tprun::pipelines::detail::register_prompt_tokenizer(name, fn)

@@ -1,43 +1,19 @@
+// A pipeline's layout from its spec and its folder's configs (see pipeline_layout.h).
 #include "pipelines/pipeline_layout.h"
-
-#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "checkpoint/pipeline_folder.h"
-#include "models/autoencoder_kl.h"
-#include "models/model_config.h"
-#include "pipelines/family_steps.h"
+#include "models/model_registry.h"
+#include "models/vae.h"
+#include "pipelines/component_check.h"
+#include "pipelines/component_configs.h"
+#include "pipelines/component_loader.h"
 #include "pipelines/latents.h"
-#include "pipelines/pipeline_components.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
-namespace {
-
-std::map<std::string, LayoutReader>& layouts() {
-  static std::map<std::string, LayoutReader> r;
-  return r;
-}
-
-}  // namespace
-
-namespace detail {
-bool register_pipeline_layout(const char* cls, LayoutReader reader) {
-  layouts()[cls] = std::move(reader);
-  return true;
-}
-}  // namespace detail
-
-const char* phase_name(Phase phase) {
-  switch (phase) {
-    case Phase::Encode: return "encode";
-    case Phase::Denoise: return "denoise";
-    case Phase::Decode: return "decode";
-  }
-  return "?";
-}
 
 const ComponentLayout* PipelineLayout::find(const std::string& component) const {
   for (const auto& c : components)
@@ -49,43 +25,7 @@ int64_t PipelineLayout::image_tokens(int64_t height, int64_t width) const {
   return image_seq_len(height, width, vae_scale_factor);
 }
 
-ComponentLayout component_layout(const checkpoint::PipelineFolder& pf, const std::string& name, Phase phase,
-                                 const PipelineOptions& options) {
-  ComponentLayout c;
-  c.name = name;
-  c.path = need_component(pf, name).path;
-  c.phase = phase;
-  c.options = component_options(options, name);
-  return c;
-}
-
-VaeConfigRead add_vae_decoder(const checkpoint::PipelineFolder& pf, const PipelineOptions& options,
-                              PipelineLayout& layout) {
-  ComponentLayout c = component_layout(pf, "vae", Phase::Decode, options);
-  VaeConfigRead read;
-  const auto config = models::read_component_config(c.path, &read.path);
-  const auto v = models::VaeConfig::from_json(config, read.path);
-  read.cls = v.cls;
-  check_vae_tiles(options.component_base.memory, v.scale_factor(), v.sample_size, read.path);
-  // AutoencoderKL::load: a 16-bit dtype computes in fp32 under force_upcast.
-  if (options.dtype != "fp32" && v.force_upcast) c.options.dtype = "fp32";
-  c.options.part = "decoder";
-  c.rank_zero_only = !options.decode_on_every_rank;
-  const auto& channels = v.decoder_block_out_channels.empty() ? v.block_out_channels : v.decoder_block_out_channels;
-  VaeShape& s = layout.vae;
-  s.decoder_channels.assign(channels.rbegin(), channels.rend());
-  s.latent_channels = v.latent_channels;
-  s.scale_factor = v.scale_factor();
-  s.elem_bytes = c.options.dtype == "fp32" ? 4 : 2;
-  const auto& mem = options.component_base.memory;
-  s.tiling = mem.vae_tiling;
-  s.tile_sample = mem.vae_tile_sample_size > 0 ? mem.vae_tile_sample_size : v.sample_size;
-  layout.vae_scale_factor = v.scale_factor();
-  if (options.denoiser) layout.components.push_back(std::move(c));
-  return read;
-}
-
-bool has_pipeline_layout(const std::string& cls) { return layouts().count(cls) > 0; }
+bool has_pipeline_layout(const std::string& cls) { return find_pipeline_spec(cls) != nullptr; }
 
 PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions& options) {
   // The refusals load_pipeline gives, in its words.
@@ -93,14 +33,43 @@ PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions&
     throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
   }
   const auto pf = checkpoint::open_pipeline_folder(folder);
-  auto it = layouts().find(pf.cls);
-  if (it == layouts().end()) {
+  const PipelineSpec* spec = find_pipeline_spec(pf.cls);
+  if (!spec) {
     throw ConfigError(fmt::format("{}/model_index.json: _class_name '{}' is not a pipeline tprun can run (known: {})",
                                   folder, pf.cls, fmt::join(pipeline_names(), ", ")),
                       true);
   }
   check_pipeline_components(pf);
-  return it->second(pf, options);
+  const ComponentConfigs configs = read_component_configs(pf, *spec, options);
+  const FamilyShapes shapes = spec->shapes(configs);
+
+  PipelineLayout l;
+  l.cls = pf.cls;
+  l.transformer = shapes.transformer;
+  l.text_hidden = options.text_encoders ? shapes.text_hidden : 0;
+  l.pooled_dim = shapes.pooled_dim;
+  const models::VaeInfo& vae = configs.vae();
+  const std::string vae_dtype = models::vae_compute_dtype(vae, options.dtype);
+  l.vae = models::vae_shape(vae, vae_dtype, options.device, options.component_base.memory);
+  l.vae_scale_factor = vae.spatial_scale;
+  l.defaults = spec->defaults.request(l.vae_scale_factor);
+  for (const ComponentSpec* c : spec->models_in_load_order()) {
+    const bool loaded = c->role == ComponentRole::kTextEncoder ? options.text_encoders : options.denoiser;
+    if (!loaded) continue;
+    ComponentLayout cl;
+    cl.name = c->name;
+    cl.path = need_component(pf, c->name).path;
+    cl.phase = c->phase();
+    cl.options = component_load_options(*c, configs, options);
+    if (c->role == ComponentRole::kVae) cl.options.dtype = vae_dtype;  // the dtype it computes in
+    if (const auto* family = models::find_model_family(need_component(pf, c->name).cls)) {
+      cl.class_skip = family->class_skip;
+    }
+    cl.sharded = component_split(*c, options);
+    cl.rank_zero_only = c->role == ComponentRole::kVae && !rank_holds_vae(1, options);
+    l.components.push_back(std::move(cl));
+  }
+  return l;
 }
 
 }  // namespace tprun::pipelines

@@ -1,25 +1,22 @@
 #pragma once
-// What a pipeline family loads where, read from a folder's configs alone (no
+// What a pipeline loads where, read from a folder's configs alone (no
 // weight byte, no tokenizer): each component with the phase it serves, the
 // options its table is built and loaded with, whether it is split over the
 // TP group and which ranks hold it; and the shapes the per-request memory
 // estimate (request_memory.h) needs. The fit planner (fit_planner.h) and
-// `tprun inspect` read it. A family registers its reader in its own file,
-// next to its pipeline:
-//
-//   TPRUN_REGISTER_PIPELINE_LAYOUT("FluxPipeline", flux_layout);
-//
-// A layout mirrors its family's load (which components, which options, which
-// TP group); the fit planner's tests compare it with real loads.
+// `tprun inspect` read it. It is derived from the family's spec
+// (pipeline_spec.h) by the same functions the load uses (component_configs.h,
+// component_loader.h), so the two cannot drift apart; the fit planner's
+// tests compare it with real loads.
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "models/model.h"
 #include "pipelines/generation_request.h"
 #include "pipelines/pipeline.h"
+#include "pipelines/pipeline_spec.h"
 #include "pipelines/request_memory.h"
 
 namespace tprun::checkpoint {
@@ -27,11 +24,6 @@ struct PipelineFolder;
 }
 
 namespace tprun::pipelines {
-
-// The phase a component serves: staged jobs hold the encode phase's
-// components and the others at different times.
-enum class Phase { Encode, Denoise, Decode };
-const char* phase_name(Phase phase);  // "encode" | "denoise" | "decode"
 
 struct ComponentLayout {
   std::string name;  // the model_index.json component ("text_encoder_2")
@@ -66,42 +58,12 @@ struct PipelineLayout {
   int64_t image_tokens(int64_t height, int64_t width) const;
 };
 
-// Reads `folder`'s configs for `pf.cls`'s family (after
-// check_pipeline_components). Checked like the family's load: CheckpointError
-// naming the file and field for configs that do not fit together.
-using LayoutReader = std::function<PipelineLayout(const checkpoint::PipelineFolder& folder,
-                                                  const PipelineOptions& options)>;
-
 // The layout of the pipeline `folder`'s model_index.json names, for a load
 // with `options`. ConfigError as load_pipeline gives for a folder that is not
 // a pipeline or a class tprun cannot run; the components checked as
 // load_pipeline checks them.
 PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions& options);
-// Whether a layout is registered for the class `cls`.
+// Whether `cls` has a registered pipeline spec (and so a layout).
 bool has_pipeline_layout(const std::string& cls);
 
-// Steps the families' layouts share.
-// Component `name` of `pf` (CheckpointError as need_component when absent)
-// serving `phase`, with component_options(options, name); whole on every rank.
-ComponentLayout component_layout(const checkpoint::PipelineFolder& pf, const std::string& name, Phase phase,
-                                 const PipelineOptions& options);
-// The VAE's decoder as load_vae_decoder loads it (TP rank 0 alone unless
-// decode_on_every_rank; fp32 where force_upcast lifts a 16-bit dtype), added
-// to `layout` with its shape (layout.vae, vae_scale_factor) and its tiles
-// checked as the families' loads check them. Returns its config's path and class.
-struct VaeConfigRead {
-  std::string path, cls;
-};
-VaeConfigRead add_vae_decoder(const checkpoint::PipelineFolder& pf, const PipelineOptions& options,
-                              PipelineLayout& layout);
-
-namespace detail {
-bool register_pipeline_layout(const char* cls, LayoutReader reader);
-}
-
 }  // namespace tprun::pipelines
-
-// In the family's layout .cpp: TPRUN_REGISTER_PIPELINE_LAYOUT("FluxPipeline", flux_layout);
-#define TPRUN_REGISTER_PIPELINE_LAYOUT(name, fn)                                                   \
-  static const bool TPRUN_PIPELINE_CONCAT(tprun_layout_registered_, __LINE__) [[maybe_unused]] = \
-      ::tprun::pipelines::detail::register_pipeline_layout(name, fn)

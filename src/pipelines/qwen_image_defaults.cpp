@@ -11,13 +11,4 @@ std::string qwen_image_prompt_text(const std::string& prompt) {
   return head + prompt + tail;
 }
 
-GenerationRequest qwen_image_defaults(int64_t vae_scale_factor) {
-  GenerationRequest d;
-  d.height = d.width = 128 * vae_scale_factor;  // default_sample_size * vae_scale_factor
-  d.steps = 50;
-  d.true_cfg_scale = 4.0;
-  d.max_sequence_length = 512;
-  return d;
-}
-
 }  // namespace tprun::pipelines

@@ -8,15 +8,11 @@
 //                     are dropped from the encoder's output
 //   tokenizer limit   1024 + 34 tokens (truncated, never padded for one prompt)
 //   max_sequence_length  default 512, at most 1024 (diffusers refuses more)
-//   defaults          1024 x 1024 (default_sample_size 128 x the VAE's 8),
-//                     50 steps, true_cfg_scale 4.0 (used only with a negative
-//                     prompt), guidance unset (the pipeline never passes it:
-//                     diffusers 0.40.0 builds no guidance embedder)
+// The __call__ defaults (1024 x 1024, 50 steps, true_cfg_scale 4.0, no
+// guidance) are in the pipeline's spec (qwen_image_pipeline.cpp).
 
 #include <cstdint>
 #include <string>
-
-#include "pipelines/generation_request.h"
 
 namespace tprun::pipelines {
 
@@ -29,9 +25,5 @@ constexpr int64_t kQwenImageMaxSequenceLimit = 1024;
 
 // The templated text the tokenizer sees for `prompt`.
 std::string qwen_image_prompt_text(const std::string& prompt);
-
-// The request defaults of QwenImagePipeline.__call__ for a VAE scale factor.
-// guidance stays unset (see above).
-GenerationRequest qwen_image_defaults(int64_t vae_scale_factor);
 
 }  // namespace tprun::pipelines

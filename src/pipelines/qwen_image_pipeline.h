@@ -39,16 +39,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
 
-#include "models/tensor_map.h"
-#include "pipelines/family_steps.h"
-#include "pipelines/pipeline.h"
+#include "pipelines/diffusion_pipeline.h"
 
 namespace tprun::pipelines {
 
-class QwenImagePipeline final : public RuntimePipeline {
+class QwenImagePipeline final : public DiffusionPipeline {
  public:
   static constexpr const char* kClass = "QwenImagePipeline";
 
@@ -61,42 +59,15 @@ class QwenImagePipeline final : public RuntimePipeline {
   static std::unique_ptr<QwenImagePipeline> load(const std::string& folder, const parallel::TpContext& tp,
                                                  const PipelineOptions& options = {});
 
-  std::string class_name() const override;
-  GenerationRequest with_defaults(GenerationRequest request) const override;
-  // RequestError naming the field: sizes (multiples of 16), steps,
-  // true_cfg_scale, max_sequence_length in [1, 1024], given tensors' shapes.
-  void check_request(const GenerationRequest& request) const override;
-  std::string batch_key(const GenerationRequest& request) const override;
-  double cost(const GenerationRequest& request) const override;
-  std::vector<GenerationResult> generate_batch(const std::vector<GenerationRequest>& requests,
-                                               const StepCallback& on_step = {}) const override;
-  // Packed latents: [image tokens, in_channels].
-  std::vector<int64_t> latent_shape(int64_t height, int64_t width) const override;
-
-  bool decodes() const override;
-  int64_t transformer_all_reduces() const override;
-
-  // Staged phases: the prompt's encode gives prompt_embeds, the negative
-  // prompt's (true CFG only) negative_prompt_embeds; one prompt's mask is all
-  // ones, so none is given with them.
-  std::vector<TextEncode> text_encodes(const GenerationRequest& request) const override;
-  models::TensorMap encode_text(const TextEncode& encode) const override;
-  void warn_truncation(const GenerationRequest& request, const TextEncode& encode,
-                       const models::TensorMap& embeddings) const override;
-
-  // {"prompt_embeds" [1, S, hidden]} for one prompt, as encode_prompt
-  // returns it (through the cache), S <= max_sequence_length.
-  models::TensorMap encode_prompt(const std::string& prompt, int64_t max_sequence_length) const;
-  // True CFG runs for this (defaults applied) request.
-  static bool true_cfg(const GenerationRequest& request);
-
-  struct Impl;
-
- protected:
-  const PipelineRuntime& runtime() const override;
-
  private:
-  std::shared_ptr<const Impl> impl_;
+  // True CFG: true_cfg_scale > 1 and a negative prompt (or its embeddings) given; norm rescale.
+  bool true_cfg(const GenerationRequest& r) const override;
+  double cfg_scale(const GenerationRequest& r) const override { return *r.true_cfg_scale; }
+  CfgRescale cfg_rescale() const override { return CfgRescale::kCondNorm; }
+  std::optional<double> schedule_mu(const FlowMatchEulerDiscreteScheduler& scheduler, int64_t image_tokens,
+                                    int64_t steps) const override;
+  void add_transformer_inputs(models::TensorMap& inputs, const GenerationRequest& r, int64_t batch) const override;
+  at::Tensor decode_latents(const at::Tensor& packed, int64_t height, int64_t width) const override;
 };
 
 }  // namespace tprun::pipelines

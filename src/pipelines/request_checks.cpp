@@ -1,7 +1,5 @@
 #include "pipelines/request_checks.h"
 
-#include <map>
-
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,26 +7,12 @@
 
 #include "checkpoint/pipeline_folder.h"
 #include "pipelines/flow_match_scheduler.h"
-#include "pipelines/pipeline_components.h"
+#include "pipelines/component_check.h"
+#include "pipelines/pipeline_spec.h"
 #include "text/tokenizer_common.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
-namespace {
-
-std::map<std::string, RequestOptionsReader>& readers() {
-  static std::map<std::string, RequestOptionsReader> r;
-  return r;
-}
-
-}  // namespace
-
-namespace detail {
-bool register_request_options(const char* cls, RequestOptionsReader reader) {
-  readers()[cls] = std::move(reader);
-  return true;
-}
-}  // namespace detail
 
 bool RequestOptions::uses(const std::string& option) const {
   for (const auto& [name, why] : unused) {
@@ -49,20 +33,19 @@ RequestOptions request_options(const std::string& folder) {
     throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
   }
   const auto pf = checkpoint::open_pipeline_folder(folder);
-  if (readers().count(pf.cls)) check_pipeline_components(pf);  // the load's order of checks
+  if (find_pipeline_spec(pf.cls)) check_pipeline_components(pf);  // the load's order of checks
   return request_options(pf);
 }
 
 RequestOptions request_options(const checkpoint::PipelineFolder& pf) {
-  auto it = readers().find(pf.cls);
-  if (it == readers().end()) {
-    std::vector<std::string> known;
-    for (const auto& [name, fn] : readers()) known.push_back(name);
+  const PipelineSpec* spec = find_pipeline_spec(pf.cls);
+  if (!spec || !spec->request_options) {
+    const std::vector<std::string> known = pipeline_spec_names();
     throw ConfigError(fmt::format("{}/model_index.json: _class_name '{}' is not a pipeline tprun can run (known: {})",
                                   pf.path, pf.cls, fmt::join(known, ", ")),
                       true);
   }
-  RequestOptions o = it->second(pf);
+  RequestOptions o = spec->request_options(pf);
   o.cls = pf.cls;
   return o;
 }
@@ -129,6 +112,14 @@ void need_request_options(const GenerationRequest& r, const RequestOptions& o) {
   check_request_options(r, o, [](const std::string& key, const std::string& what) {
     throw RequestError(fmt::format("{}: {}", key, what), true);
   });
+}
+
+void check_max_sequence_length(const GenerationRequest& r, const std::string& cls, int64_t limit) {
+  if (*r.max_sequence_length < 1 || *r.max_sequence_length > limit) {
+    throw RequestError(fmt::format("max_sequence_length must be in [1, {}] ({}'s limit), got {}", limit, cls,
+                                   *r.max_sequence_length),
+                       true);
+  }
 }
 
 void need_given_shape(const GenerationRequest& r, const std::string& name, const std::vector<int64_t>& shape,

@@ -3,9 +3,7 @@
 // (RequestOptions): read from a folder's configs without a weight byte, so
 // a manifest's [defaults] and `tprun tokenize` are checked before any load,
 // and each request against the very same rules by the pipeline's
-// check_request. A family registers its reader in its pipeline's .cpp:
-//
-//   TPRUN_REGISTER_REQUEST_OPTIONS("QwenImagePipeline", qwen_image_request_options);
+// check_request. A family's spec (pipeline_spec.h) holds its reader.
 
 #include <cstdint>
 #include <functional>
@@ -69,9 +67,9 @@ void check_request_options(const GenerationRequest& r, const RequestOptions& opt
 // The same throwing RequestError "<key>: <what>" (the pipelines' check_request).
 void need_request_options(const GenerationRequest& r, const RequestOptions& options);
 
-namespace detail {
-bool register_request_options(const char* cls, RequestOptionsReader reader);
-}
+
+// RequestError unless max_sequence_length is in [1, limit] (`cls`'s limit).
+void check_max_sequence_length(const GenerationRequest& r, const std::string& cls, int64_t limit);
 
 // RequestError "given tensor 'x' has shape [..]; expected [..] (meaning)"
 // unless the request's given tensor `name` (when given) has `shape`; -1 in
@@ -93,10 +91,3 @@ void check_given_inputs(const models::TensorMap& tensors, const std::string& sou
 void need_text_prompts(const GenerationRequest& request);
 
 }  // namespace tprun::pipelines
-
-// In the pipeline's own .cpp: TPRUN_REGISTER_REQUEST_OPTIONS("FluxPipeline", fn);
-#define TPRUN_REQUEST_OPTIONS_CONCAT_(a, b) a##b
-#define TPRUN_REQUEST_OPTIONS_CONCAT(a, b) TPRUN_REQUEST_OPTIONS_CONCAT_(a, b)
-#define TPRUN_REGISTER_REQUEST_OPTIONS(name, fn)                                                                  \
-  static const bool TPRUN_REQUEST_OPTIONS_CONCAT(tprun_request_options_registered_, __LINE__) [[maybe_unused]] = \
-      ::tprun::pipelines::detail::register_request_options(name, fn)

@@ -17,7 +17,6 @@
 #include "checkpoint/torch_dtype.h"
 #include "dist/communicator.h"
 #include "dist/session.h"
-#include "models/autoencoder_kl.h"
 #include "models/nn_ops.h"
 #include "pipelines/pipeline.h"
 #include "runtime/error.h"
@@ -80,7 +79,7 @@ double vae_decode(const MemoryModel& m, int64_t height, int64_t width, int64_t f
   // A video VAE decodes one latent frame at a time: its activations span the
   // frames that latent frame becomes; the output and the tiles all frames.
   const int64_t f = std::max<int64_t>(1, frames);
-  const int64_t chunk = std::min(f, std::max<int64_t>(1, v.temporal_scale_factor));
+  const int64_t chunk = std::min(f, std::max<int64_t>(1, v.temporal_scale));
   if (chunk > 1) widest *= dbl(chunk);
   if (f > 1) extra *= dbl(f);
   const double mid_tokens = dbl(lh) * dbl(lw);
@@ -146,22 +145,6 @@ void fill_runtime(MemoryModel& m, const std::string& device, const std::string& 
   m.threads = at::get_num_threads();
   m.decodes = vae != nullptr;
   if (vae) m.vae = *vae;
-}
-
-VaeShape vae_shape(const models::AutoencoderKL& vae, const std::string& device) {
-  VaeShape s;
-  const auto& c = vae.config();
-  const auto& enc = c.decoder_block_out_channels.empty() ? c.block_out_channels : c.decoder_block_out_channels;
-  s.decoder_channels.assign(enc.rbegin(), enc.rend());
-  s.latent_channels = c.latent_channels;
-  s.scale_factor = c.scale_factor();
-  const c10::ScalarType vst = checkpoint::parse_compute_dtype(vae.compute_dtype(), "vae dtype");
-  s.elem_bytes = static_cast<int64_t>(c10::elementSize(vst));
-  const std::string vb = models::nn::sdpa_backend(device, vst, 1, enc.empty() ? 64 : enc.back(), false);
-  s.scores_materialised = vb.find("math") != std::string::npos;
-  s.tiling = vae.tiling();
-  s.tile_sample = vae.tile_sample_size();
-  return s;
 }
 
 RequestShape batch_shape(const Pipeline& pipeline, const std::vector<GenerationRequest>& rs) {

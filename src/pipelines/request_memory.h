@@ -18,7 +18,7 @@
 //             activations of the widest level, level by level, at full size,
 //             or of one tile with vae_tiling; its mid-block attention as above.
 //             A result of F frames: the activations of the frames one latent
-//             frame decodes to (min(F, temporal_scale_factor): a video VAE
+//             frame decodes to (min(F, temporal_scale): a video VAE
 //             decodes a latent frame at a time), the decoded copies and
 //             blended tiles of all F frames; an image (F = 1) as before
 //   peak      = kept (latents, embeddings) + max(text, step + attention,
@@ -29,12 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "models/vae.h"
 #include "parallel/tp_context.h"
 #include "pipelines/generation_request.h"
 
-namespace tprun::models {
-class AutoencoderKL;
-}
 
 namespace tprun::pipelines {
 
@@ -49,16 +47,8 @@ struct TransformerShape {
   int64_t inner() const { return heads * head_dim; }
 };
 
-struct VaeShape {
-  std::vector<int64_t> decoder_channels;  // per resolution level, lowest first (block_out_channels reversed)
-  int64_t latent_channels = 16;
-  int64_t scale_factor = 8;     // pixels per latent per side
-  int64_t temporal_scale_factor = 1;  // frames per latent frame (an image VAE: 1)
-  int64_t elem_bytes = 4;       // the VAE's compute dtype (fp32 when upcast)
-  bool scores_materialised = false;  // its attention backend builds the scores
-  bool tiling = false;
-  int64_t tile_sample = 0;      // tile side in pixels (tiling)
-};
+// The VAE decoder's shape for the estimate (models/vae.h).
+using VaeShape = models::VaeShape;
 
 struct MemoryModel {
   std::string pipeline;         // "FluxPipeline", for messages
@@ -111,10 +101,6 @@ inline uint64_t mul_bytes(uint64_t a, uint64_t b) {
 // transformer's heads, this rank's threads, and the VAE's shape (null `vae`:
 // this rank does not decode). model.transformer first.
 void fill_runtime(MemoryModel& model, const std::string& device, const std::string& dtype, const VaeShape* vae);
-
-// An AutoencoderKL's shape and options for the estimate: its decoder's
-// levels, dtype, attention backend on `device`, tiling.
-VaeShape vae_shape(const models::AutoencoderKL& vae, const std::string& device);
 
 // The shape of a prepared batch (prepare_batch): its size, its frames, the
 // latent tokens of its requests (Pipeline::request_latent_shape), the text

@@ -1,10 +1,11 @@
-// Every registered pipeline class has a component table (pipelines/pipeline_components.h):
+// Every registered pipeline class has a complete spec (pipelines/pipeline_spec.h):
 // a pipeline added without one fails here, not silently at a user's folder. And a
 // QwenImagePipeline folder is checked like the FLUX ones; model_index.json's _class_name
 // and an existing model_index.json are never reported as something else.
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <tuple>
 #include <vector>
@@ -15,7 +16,8 @@
 
 #include "checkpoint/pipeline_folder.h"
 #include "pipelines/pipeline.h"
-#include "pipelines/pipeline_components.h"
+#include "pipelines/component_check.h"
+#include "pipelines/pipeline_spec.h"
 #include "runtime/error.h"
 #include "test_data.h"
 
@@ -28,7 +30,26 @@ using nlohmann::json;
 TEST(PipelineComponents, EveryRegisteredPipelineHasATable) {
   const auto names = pipeline_names();
   ASSERT_GE(names.size(), 4u);
-  for (const auto& cls : names) EXPECT_TRUE(has_component_spec(cls)) << cls << " has no component table";
+  for (const auto& cls : names) {
+    EXPECT_TRUE(has_component_spec(cls)) << cls << " has no spec";
+    const PipelineSpec* spec = find_pipeline_spec(cls);
+    ASSERT_NE(spec, nullptr) << cls;
+    EXPECT_EQ(spec->cls, cls);
+    EXPECT_TRUE(spec->load && spec->tokenize && spec->request_options && spec->shapes) << cls << ": incomplete spec";
+    // One transformer and one VAE, each component named once, every model component with accepted classes.
+    int transformers = 0, vaes = 0;
+    std::set<std::string> seen;
+    for (const auto& c : spec->components) {
+      EXPECT_TRUE(seen.insert(c.name).second) << cls << " names " << c.name << " twice";
+      EXPECT_FALSE(c.classes.empty()) << cls << "." << c.name;
+      transformers += c.role == ComponentRole::kTransformer;
+      vaes += c.role == ComponentRole::kVae;
+      if (c.splittable) EXPECT_EQ(c.role, ComponentRole::kTextEncoder) << cls << "." << c.name;
+    }
+    EXPECT_EQ(transformers, 1) << cls;
+    EXPECT_EQ(vaes, 1) << cls;
+    EXPECT_NE(spec->find("scheduler"), nullptr) << cls;
+  }
 }
 
 void write(const fs::path& p, const json& j) {

@@ -1,5 +1,5 @@
 // Pipeline folders checked against their pipeline's components (checkpoint/pipeline_folder.h,
-// pipelines/pipeline_components.h) and VAE tiles checked in pixels.
+// pipelines/component_check.h) and VAE tiles checked in pixels.
 #include <filesystem>
 #include <fstream>
 
@@ -8,7 +8,7 @@
 
 #include "checkpoint/pipeline_folder.h"
 #include "memory/memory_options.h"
-#include "pipelines/pipeline_components.h"
+#include "pipelines/component_check.h"
 #include "runtime/error.h"
 #include "test_data.h"
 

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "pipelines/pipeline_spec.h"
 #include "pipelines/qwen_image_defaults.h"
 #include "pipelines/qwen_image_text.h"
 #include "runtime/error.h"
@@ -63,7 +64,9 @@ TEST(QwenImageText, PromptTemplate) {
   const std::string t = qwen_image_prompt_text("a cat");
   EXPECT_EQ(t.rfind("<|im_start|>system\nDescribe the image by detailing the color,", 0), 0u);
   EXPECT_NE(t.find("<|im_end|>\n<|im_start|>user\na cat<|im_end|>\n<|im_start|>assistant\n"), std::string::npos);
-  const GenerationRequest d = qwen_image_defaults(8);
+  const PipelineSpec* spec = find_pipeline_spec("QwenImagePipeline");
+  ASSERT_NE(spec, nullptr);
+  const GenerationRequest d = spec->defaults.request(8);
   EXPECT_EQ(*d.height, 1024);
   EXPECT_EQ(*d.steps, 50);
   EXPECT_EQ(*d.true_cfg_scale, 4.0);

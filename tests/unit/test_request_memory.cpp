@@ -68,7 +68,7 @@ TEST(RequestMemory, GrowsWithSizeAndBatch) {
 TEST(RequestMemory, FramesScaleTheDecodeAndLeaveImagesAlone) {
   const MemoryModel image_vae = flux1();
   MemoryModel video_vae = flux1();
-  video_vae.vae.temporal_scale_factor = 4;
+  video_vae.vae.temporal_scale = 4;
   const RequestShape one = shape(512);
   EXPECT_EQ(one.frames, 1);
   const auto e1 = estimate_request_memory(image_vae, one);

@@ -2,9 +2,10 @@
 // init-model folders (flux: AutoencoderKL, flux2-klein: AutoencoderKLFlux2,
 // qwen-image: AutoencoderKLQwenImage):
 //   - read_vae_info / vae_shape / Vae::memory_shape give the VaeShape the
-//     pipelines' own helpers give today (request_memory's vae_shape of a
-//     loaded AutoencoderKL, the FLUX layouts' add_vae_decoder,
-//     qwen_image_vae_shape), field for field, over dtypes and tilings;
+//     pipelines' own helpers gave before the interface (kept below as the
+//     reference: request_memory's vae_shape of a loaded AutoencoderKL,
+//     qwen_image_vae_shape) and the layout gives, field for field, over dtypes
+//     and tilings;
 //   - denormalize is today's pipeline arithmetic bit for bit (fp32 and bf16)
 //     and normalize undoes it;
 //   - the shared part handling (part, switches, forward, refusals).
@@ -26,16 +27,17 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/hdf5_source.h"
+#include "checkpoint/torch_dtype.h"
 #include "checkpoint/weight_source.h"
 #include "memory/memory_options.h"
 #include "models/autoencoder_kl.h"
 #include "models/model_config.h"
 #include "models/model_registry.h"
+#include "models/nn_ops.h"
 #include "models/qwen_image_vae.h"
 #include "models/vae.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/pipeline_layout.h"
-#include "pipelines/qwen_image_layout.h"
 #include "pipelines/request_memory.h"
 #include "runtime/error.h"
 #include "tiny_pipeline.h"
@@ -106,6 +108,41 @@ void expect_same_info(const VaeInfo& a, const VaeInfo& b) {
   EXPECT_EQ(a.decoder_channels, b.decoder_channels);
 }
 
+// The shapes the memory model counted before the Vae interface, as the
+// pipelines computed them (the reference the interface must reproduce).
+pipelines::VaeShape reference_kl_shape(const AutoencoderKL& vae, const std::string& device) {
+  pipelines::VaeShape s;
+  const auto& c = vae.config();
+  const auto& enc = c.decoder_block_out_channels.empty() ? c.block_out_channels : c.decoder_block_out_channels;
+  s.decoder_channels.assign(enc.rbegin(), enc.rend());
+  s.latent_channels = c.latent_channels;
+  s.scale_factor = c.scale_factor();
+  const c10::ScalarType vst = checkpoint::parse_compute_dtype(vae.compute_dtype(), "vae dtype");
+  s.elem_bytes = static_cast<int64_t>(c10::elementSize(vst));
+  const std::string vb = nn::sdpa_backend(device, vst, 1, enc.empty() ? 64 : enc.back(), false);
+  s.scores_materialised = vb.find("math") != std::string::npos;
+  s.tiling = vae.tiling();
+  s.tile_sample = vae.tile_sample_size();
+  return s;
+}
+
+pipelines::VaeShape reference_qwen_shape(const QwenImageVaeConfig& config, const std::string& dtype,
+                                         const std::string& device, bool tiling, int64_t tile_sample) {
+  pipelines::VaeShape s;
+  for (auto it = config.dim_mult.rbegin(); it != config.dim_mult.rend(); ++it) {
+    s.decoder_channels.push_back(config.base_dim * *it);
+  }
+  s.latent_channels = config.z_dim;
+  s.scale_factor = config.scale_factor();
+  const c10::ScalarType st = checkpoint::parse_compute_dtype(dtype, "vae dtype");
+  s.elem_bytes = static_cast<int64_t>(c10::elementSize(st));
+  const int64_t widest = s.decoder_channels.empty() ? 64 : s.decoder_channels.front();
+  s.scores_materialised = nn::sdpa_backend(device, st, 1, widest, false).find("math") != std::string::npos;
+  s.tiling = tiling;
+  s.tile_sample = tile_sample > 0 ? tile_sample : 256;
+  return s;
+}
+
 // AutoencoderKL / AutoencoderKLFlux2: the new shapes against request_memory's
 // vae_shape of the loaded VAE and the FLUX layout's (add_vae_decoder).
 void check_kl_shapes(const std::string& arch, const std::string& cls) {
@@ -119,7 +156,7 @@ void check_kl_shapes(const std::string& arch, const std::string& cls) {
       const auto* kl = dynamic_cast<const AutoencoderKL*>(loaded.get());
       ASSERT_NE(kl, nullptr) << what;
       const VaeShape from_info = vae_shape(info, vae_compute_dtype(info, dtype), "cpu", mem);
-      const pipelines::VaeShape old = pipelines::vae_shape(*kl, "cpu");
+      const pipelines::VaeShape old = reference_kl_shape(*kl, "cpu");
       expect_same_shape(from_info, old, true, what + " (config vs request_memory)");
       expect_same_shape(kl->memory_shape("cpu"), old, true, what + " (loaded vs request_memory)");
       EXPECT_EQ(kl->compute_dtype(), vae_compute_dtype(info, dtype)) << what;
@@ -157,7 +194,7 @@ TEST(VaeInterface, QwenImageShapesAsTheMemoryModelCountsThem) {
     for (const auto& mem : tilings(4 * info.spatial_scale)) {
       const std::string what = describe(dtype, mem);
       const pipelines::VaeShape old =
-          pipelines::qwen_image_vae_shape(cfg, dtype, "cpu", mem.vae_tiling, mem.vae_tile_sample_size);
+          reference_qwen_shape(cfg, dtype, "cpu", mem.vae_tiling, mem.vae_tile_sample_size);
       const VaeShape from_info = vae_shape(info, vae_compute_dtype(info, dtype), "cpu", mem);
       expect_same_shape(from_info, old, true, what + " (config)");
       const auto loaded = load_vae(f, decoder_options(dtype, mem));

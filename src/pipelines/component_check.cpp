@@ -1,4 +1,4 @@
-#include "pipelines/pipeline_components.h"
+#include "pipelines/component_check.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -12,6 +12,7 @@
 #include "checkpoint/pipeline_folder.h"
 #include "runtime/strict_json.h"
 #include "memory/memory_options.h"
+#include "pipelines/pipeline_spec.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
@@ -28,76 +29,24 @@ enum class ConfigClass {
   kTransformers,  // config.json "architectures"[0] (and "_class_name" if a file has one)
 };
 
-struct Accepted {
-  const char* library;
-  std::vector<std::string> classes;
-  ConfigClass config;
-};
-
-using Table = std::map<std::string, Accepted>;
-
-// The annotations of diffusers' pipeline __init__ signatures (pipeline_flux.py,
-// pipeline_flux2.py, pipeline_flux2_klein.py, pipeline_qwenimage.py), with the
-// alternative spellings transformers loads the same way. One entry per
-// registered pipeline class: a registered class without one is refused at
-// load (an internal error) and by the unit test over the registry.
-const std::map<std::string, Table>& tables() {
-  static const Accepted scheduler{"diffusers", {"FlowMatchEulerDiscreteScheduler"}, ConfigClass::kScheduler};
-  static const std::map<std::string, Table> all = {
-      {"FluxPipeline",
-       {
-           {"transformer", {"diffusers", {"FluxTransformer2DModel"}, ConfigClass::kDiffusers}},
-           {"vae", {"diffusers", {"AutoencoderKL"}, ConfigClass::kDiffusers}},
-           {"scheduler", scheduler},
-           {"text_encoder", {"transformers", {"CLIPTextModel"}, ConfigClass::kTransformers}},
-           {"text_encoder_2", {"transformers", {"T5EncoderModel"}, ConfigClass::kTransformers}},
-           {"tokenizer", {"transformers", {"CLIPTokenizer", "CLIPTokenizerFast"}, ConfigClass::kNone}},
-           {"tokenizer_2", {"transformers", {"T5TokenizerFast", "T5Tokenizer"}, ConfigClass::kNone}},
-           {"image_encoder", {"transformers", {"CLIPVisionModelWithProjection"}, ConfigClass::kNone}},
-           {"feature_extractor", {"transformers", {"CLIPImageProcessor"}, ConfigClass::kNone}},
-       }},
-      {"Flux2KleinPipeline",
-       {
-           {"transformer", {"diffusers", {"Flux2Transformer2DModel"}, ConfigClass::kDiffusers}},
-           {"vae", {"diffusers", {"AutoencoderKLFlux2"}, ConfigClass::kDiffusers}},
-           {"scheduler", scheduler},
-           {"text_encoder", {"transformers", {"Qwen3ForCausalLM"}, ConfigClass::kTransformers}},
-           {"tokenizer", {"transformers", {"Qwen2TokenizerFast", "Qwen2Tokenizer"}, ConfigClass::kNone}},
-       }},
-      {"Flux2Pipeline",
-       {
-           {"transformer", {"diffusers", {"Flux2Transformer2DModel"}, ConfigClass::kDiffusers}},
-           {"vae", {"diffusers", {"AutoencoderKLFlux2"}, ConfigClass::kDiffusers}},
-           {"scheduler", scheduler},
-           {"text_encoder", {"transformers", {"Mistral3ForConditionalGeneration"}, ConfigClass::kTransformers}},
-           {"tokenizer", {"transformers", {"PixtralProcessor", "AutoProcessor"}, ConfigClass::kNone}},
-       }},
-      {"QwenImagePipeline",
-       {
-           {"transformer", {"diffusers", {"QwenImageTransformer2DModel"}, ConfigClass::kDiffusers}},
-           {"vae", {"diffusers", {"AutoencoderKLQwenImage"}, ConfigClass::kDiffusers}},
-           {"scheduler", scheduler},
-           {"text_encoder",
-            {"transformers", {"Qwen2_5_VLForConditionalGeneration"}, ConfigClass::kTransformers}},
-           {"tokenizer", {"transformers", {"Qwen2Tokenizer", "Qwen2TokenizerFast"}, ConfigClass::kNone}},
-       }},
-  };
-  return all;
+ConfigClass config_class(const ComponentSpec& c) {
+  switch (c.role) {
+    case ComponentRole::kTransformer:
+    case ComponentRole::kVae: return ConfigClass::kDiffusers;
+    case ComponentRole::kScheduler: return ConfigClass::kScheduler;
+    case ComponentRole::kTextEncoder: return ConfigClass::kTransformers;
+    default: return ConfigClass::kNone;
+  }
 }
 
-const Table* accepted_for(const std::string& pipeline) {
-  auto it = tables().find(pipeline);
-  return it == tables().end() ? nullptr : &it->second;
-}
-
-bool accepts(const Accepted& a, const std::string& cls) {
+bool accepts(const ComponentSpec& a, const std::string& cls) {
   return std::find(a.classes.begin(), a.classes.end(), cls) != a.classes.end();
 }
 
 // The class a component config names, checked against `a`. `field` is
 // "_class_name" or "architectures".
-void check_config_class(const std::string& pipeline, const std::string& name, const Accepted& a, const json& config,
-                        const std::string& file) {
+void check_config_class(const std::string& pipeline, const std::string& name, const ComponentSpec& a,
+                        const json& config, const std::string& file) {
   auto check_value = [&](const json& v, const std::string& field) {
     if (!v.is_string()) {
       throw CheckpointError(fmt::format("{}: {} is not a string (found {}); a {} {} must be {}", file, field,
@@ -113,7 +62,7 @@ void check_config_class(const std::string& pipeline, const std::string& name, co
   };
   if (!config.is_object()) throw CheckpointError(fmt::format("{}: must be a JSON object", file), true);
   if (auto it = config.find("_class_name"); it != config.end()) check_value(*it, "_class_name");
-  if (a.config != ConfigClass::kTransformers) return;
+  if (config_class(a) != ConfigClass::kTransformers) return;
   if (auto it = config.find("architectures"); it != config.end() && !it->is_null()) {
     if (!it->is_array() || it->empty()) {
       throw CheckpointError(fmt::format("{}: architectures must be a list of class names (found {})", file,
@@ -126,38 +75,38 @@ void check_config_class(const std::string& pipeline, const std::string& name, co
 
 }  // namespace
 
-bool has_component_spec(const std::string& pipeline) { return accepted_for(pipeline) != nullptr; }
+bool has_component_spec(const std::string& pipeline) { return find_pipeline_spec(pipeline) != nullptr; }
 
 void check_pipeline_components(const checkpoint::PipelineFolder& pf) {
-  const Table* table = accepted_for(pf.cls);
-  if (!table) {
+  const PipelineSpec* spec = find_pipeline_spec(pf.cls);
+  if (!spec) {
     // Only registered classes get here (load_pipeline, tokenize_prompt and the layout refuse the others first).
     throw Error(Error::Kind::Internal,
-                fmt::format("{}/model_index.json: the pipeline class '{}' has no component table "
-                            "(pipelines/pipeline_components.cpp); refusing to load a folder whose components "
-                            "cannot be checked",
+                fmt::format("{}/model_index.json: the pipeline class '{}' has no spec (TPRUN_REGISTER_PIPELINE_SPEC); "
+                            "refusing to load a folder whose components cannot be checked",
                             pf.path, clip_text(pf.cls)),
                 true);
   }
   const std::string index_file = (fs::path(pf.path) / "model_index.json").string();
   std::vector<std::string> known;
-  for (const auto& [name, a] : *table) known.push_back(name);
+  for (const auto& c : spec->components) known.push_back(c.name);
+  std::sort(known.begin(), known.end());
   for (const auto& c : pf.components) {
-    auto it = table->find(c.name);
-    if (it == table->end()) {
+    const ComponentSpec* a = spec->find(c.name);
+    if (!a) {
       throw CheckpointError(fmt::format("{}: component '{}' ({}) is not one a {} has (known: {})", index_file,
                                         clip_text(c.name), clip_text(c.cls), pf.cls, fmt::join(known, ", ")),
                             true);
     }
-    const Accepted& a = it->second;
-    if (c.library != a.library || !accepts(a, c.cls)) {
+    if (c.library != a->library || !accepts(*a, c.cls)) {
       throw CheckpointError(fmt::format("{}: {} is [\"{}\", \"{}\"]; a {} accepts [\"{}\", {}] there", index_file,
-                                        c.name, clip_text(c.library), clip_text(c.cls), pf.cls, a.library,
-                                        fmt::format("\"{}\"", fmt::join(a.classes, "\" or \""))),
+                                        c.name, clip_text(c.library), clip_text(c.cls), pf.cls, a->library,
+                                        fmt::format("\"{}\"", fmt::join(a->classes, "\" or \""))),
                             true);
     }
-    if (a.config == ConfigClass::kNone) continue;
-    const fs::path file = fs::path(c.path) / (a.config == ConfigClass::kScheduler ? "scheduler_config.json" : "config.json");
+    const ConfigClass where = config_class(*a);
+    if (where == ConfigClass::kNone) continue;
+    const fs::path file = fs::path(c.path) / (where == ConfigClass::kScheduler ? "scheduler_config.json" : "config.json");
     std::error_code ec;
     if (!fs::is_regular_file(file, ec)) continue;  // the loader names the missing file
     json config;
@@ -166,7 +115,7 @@ void check_pipeline_components(const checkpoint::PipelineFolder& pf) {
     } catch (const Error& e) {
       rethrow_on_all_ranks(e);  // every rank reads the same file
     }
-    check_config_class(pf.cls, c.name, a, config, file.string());
+    check_config_class(pf.cls, c.name, *a, config, file.string());
   }
 }
 

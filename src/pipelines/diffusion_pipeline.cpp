@@ -1,0 +1,311 @@
+// The generate skeleton (see diffusion_pipeline.h).
+#include "pipelines/diffusion_pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "checkpoint/pipeline_folder.h"
+#include "models/denoiser.h"
+#include "models/vae.h"
+#include "pipelines/component_check.h"
+#include "pipelines/component_configs.h"
+#include "pipelines/component_loader.h"
+#include "pipelines/latents.h"
+#include "pipelines/request_memory.h"
+#include "runtime/error.h"
+
+namespace tprun::pipelines {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kNegative = "negative_";
+
+// One encode a request needs: `field` ("prompt" | "negative_prompt") with its
+// text, keyed by prompt_key, and the (encode_text name, given name) pairs.
+TextEncode text_encode(const std::string& field, const std::string& text, int64_t max_sequence_length,
+                       std::vector<std::pair<std::string, std::string>> gives) {
+  TextEncode e;
+  e.field = field;
+  e.text = text;
+  e.max_sequence_length = max_sequence_length;
+  e.key = prompt_key(text, max_sequence_length);
+  e.gives = std::move(gives);
+  return e;
+}
+
+// RequestError unless steps is in [1, 10000] and guidance, where set, is finite.
+void check_steps_and_guidance(const GenerationRequest& r) {
+  if (*r.steps < 1) throw RequestError(fmt::format("steps must be at least 1, got {}", *r.steps), true);
+  if (*r.steps > 10000) throw RequestError(fmt::format("steps {} is beyond the limit of 10000", *r.steps), true);
+  if (r.guidance && !std::isfinite(*r.guidance)) throw RequestError("guidance must be a finite number", true);
+  if (r.true_cfg_scale && !std::isfinite(*r.true_cfg_scale)) {
+    throw RequestError("true_cfg_scale must be a finite number", true);
+  }
+}
+
+}  // namespace
+
+std::string prompt_key(const std::string& text, int64_t max_sequence_length) {
+  return fmt::format("{}\n{}", max_sequence_length, text);
+}
+
+DiffusionPipeline::DiffusionPipeline() = default;
+DiffusionPipeline::~DiffusionPipeline() = default;
+
+ComponentConfigs DiffusionPipeline::begin_load(const checkpoint::PipelineFolder& pf, const parallel::TpContext& tp,
+                                               const PipelineOptions& options) {
+  ctx_.init(pf.path, tp, options);
+  cls_ = pf.cls;
+  spec_ = find_pipeline_spec(pf.cls);
+  check_pipeline_components(pf);  // an internal error for a class without a spec
+  // Configs first: every cross-component check before any weight byte is read.
+  ComponentConfigs configs = read_component_configs(pf, *spec_, options);
+  shapes_ = spec_->shapes(configs);
+  vae_scale_ = configs.vae().spatial_scale;
+  scheduler_ = FlowMatchSchedulerConfig::from_file(need_component(pf, "scheduler").path + "/scheduler_config.json");
+  request_ = request_options(pf);
+  return configs;
+}
+
+void DiffusionPipeline::finish_load(const checkpoint::PipelineFolder& pf, const ComponentConfigs& configs,
+                                    const PipelineOptions& options) {
+  LoadedComponents parts = load_components(pf, *spec_, configs, ctx_.tp, options);
+  ctx_.bytes += parts.bytes;
+  transformer_ = parts.take<models::Denoiser>("transformer");
+  vae_ = parts.take<models::Vae>("vae");
+  text_->take(parts);
+}
+
+GenerationRequest DiffusionPipeline::with_defaults(GenerationRequest r) const {
+  r.fill_from(request_.drop_unused(spec_->defaults.request(vae_scale_)));
+  return r;
+}
+
+std::string DiffusionPipeline::batch_key(const GenerationRequest& request) const {
+  const GenerationRequest g = with_defaults(request);
+  const bool cfg = true_cfg(g);
+  return fmt::format("{}x{}/{}/{}/{}/{}", *g.height, *g.width, *g.steps,
+                     g.guidance ? fmt::format("g{}", *g.guidance) : "-",
+                     cfg ? fmt::format("cfg{}", cfg_scale(g)) : "nocfg", *g.max_sequence_length);
+}
+
+double DiffusionPipeline::cost(const GenerationRequest& request) const {
+  const GenerationRequest g = with_defaults(request);
+  return static_cast<double>(*g.height) * static_cast<double>(*g.width) * static_cast<double>(*g.steps) *
+         (true_cfg(g) ? 2.0 : 1.0);
+}
+
+void DiffusionPipeline::check_request(const GenerationRequest& request) const {
+  const GenerationRequest r = with_defaults(request);
+  need_request_options(r, request_);
+  check_image_size(*r.height, *r.width, vae_scale_);
+  check_steps_and_guidance(r);
+  check_max_sequence_length(r, cls_, request_.max_sequence_length);
+  const std::vector<TextTensor>& tensors = text_->tensors();
+  const std::string& primary = tensors.front().name;
+  std::vector<std::string> required, known;
+  for (const auto& t : tensors)
+    if (!t.mask) required.push_back(t.name);
+  std::vector<std::string> prefixes = {""};
+  if (has_negative()) prefixes.push_back(kNegative);
+  for (const std::string& prefix : prefixes) {
+    for (const auto& t : tensors) known.push_back(prefix + t.name);
+    if (required.size() < 2) continue;
+    bool any = false, all = true;
+    for (const auto& name : required) {
+      any = any || r.has_given(prefix + name);
+      all = all && r.has_given(prefix + name);
+    }
+    if (any && !all) {
+      std::vector<std::string> names;
+      for (const auto& name : required) names.push_back(prefix + name);
+      throw RequestError(fmt::format("{} must be given together", fmt::join(names, " and ")), true);
+    }
+  }
+  known.push_back("latents");
+  if (!r.has_given(primary) && !text_->loaded()) {
+    throw RequestError(fmt::format("{} was loaded without {}: give {}", ctx_.folder, text_->encoders_name(),
+                                   fmt::join(required, " and ")),
+                       true);
+  }
+  need_text_prompts(r);
+  for (const std::string& prefix : prefixes) {
+    for (const auto& t : tensors) {
+      const std::string name = prefix + t.name;
+      if (!t.mask) {
+        need_given_shape(r, name, t.shape, t.meaning);
+        continue;
+      }
+      if (!r.has_given(name)) continue;
+      const std::string of = prefix + primary;
+      if (!r.has_given(of)) throw RequestError(fmt::format("{} is given without {}", name, of), true);
+      need_given_shape(r, name, {1, r.given->at(of).size(1)}, fmt::format("[1, the text tokens of {}]", of));
+    }
+  }
+  need_given_shape(r, "latents", {1, image_seq_len(*r.height, *r.width, vae_scale_), shapes_.transformer.in_channels},
+                   "packed latents [1, image tokens, in_channels] for this height and width");
+  if (true_cfg(r) && !r.has_given(kNegative + primary) && !text_->loaded()) {
+    throw RequestError(fmt::format("true CFG needs {}{} when the pipeline is loaded without {}", kNegative, primary,
+                                   text_->encoders_name()),
+                       true);
+  }
+  for (const auto& [name, t] : r.given ? *r.given : models::TensorMap{}) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      throw RequestError(fmt::format("given tensor '{}' is not one of {}", name, fmt::join(known, ", ")), true);
+    }
+  }
+  check_family_request(r);
+}
+
+models::TensorMap DiffusionPipeline::encode_prompt(const std::string& prompt, int64_t max_sequence_length) const {
+  if (!text_->loaded()) {
+    throw RequestError(fmt::format("{} was loaded without {}", ctx_.folder, text_->encoders_name()), true);
+  }
+  const std::string key = prompt_key(prompt, max_sequence_length);
+  if (auto hit = ctx_.cache->get(key)) return *hit;
+  models::TensorMap out = text_->encode(prompt, max_sequence_length);
+  ctx_.cache->put(key, out);
+  return out;
+}
+
+std::vector<TextEncode> DiffusionPipeline::text_encodes(const GenerationRequest& request) const {
+  const GenerationRequest r = with_defaults(request);
+  std::vector<std::pair<std::string, std::string>> gives, negative_gives;
+  for (const auto& t : text_->tensors()) {
+    if (t.mask) continue;
+    gives.emplace_back(t.name, t.name);
+    negative_gives.emplace_back(t.name, kNegative + t.name);
+  }
+  const std::string& primary = text_->tensors().front().name;
+  std::vector<TextEncode> out;
+  if (!r.has_given(primary)) out.push_back(text_encode("prompt", r.prompt, *r.max_sequence_length, gives));
+  if (true_cfg(r) && !r.has_given(kNegative + primary)) {
+    out.push_back(
+        text_encode("negative_prompt", r.negative_prompt.value_or(""), *r.max_sequence_length, negative_gives));
+  }
+  return out;
+}
+
+models::TensorMap DiffusionPipeline::encode_text(const TextEncode& encode) const {
+  models::TensorMap out;
+  // Every tensor on the CPU and contiguous, its dtype kept (the values are copied exactly).
+  for (const auto& [name, t] : encode_prompt(encode.text, encode.max_sequence_length)) out[name] = t.cpu().contiguous();
+  text_->add_carried(out);
+  return out;
+}
+
+void DiffusionPipeline::warn_truncation(const GenerationRequest& request, const TextEncode& encode,
+                                        const models::TensorMap& embeddings) const {
+  text_->warn_truncation(with_defaults(request), encode.field.c_str(), encode.max_sequence_length, embeddings,
+                         ctx_.tp.rank == 0);
+}
+
+DiffusionPipeline::TextInputs DiffusionPipeline::encode_batch(const std::vector<GenerationRequest>& rs,
+                                                              bool cfg) const {
+  std::vector<models::TensorMap> positive, negative;
+  const std::vector<TextTensor>& tensors = text_->tensors();
+  // One prompt's tensors: given under `prefix`, else encoded from `text`.
+  auto add = [&](const GenerationRequest& q, const std::string& prefix, const char* field, const std::string& text,
+                 std::vector<models::TensorMap>& to) {
+    if (q.has_given(prefix + tensors.front().name)) {
+      models::TensorMap m;
+      for (const auto& t : tensors) {
+        if (!q.has_given(prefix + t.name)) continue;
+        const at::Tensor& g = q.given->at(prefix + t.name);
+        m[t.name] = t.mask ? g.to(ctx_.device) : g.to(ctx_.device, ctx_.dtype);
+      }
+      to.push_back(std::move(m));
+      return;
+    }
+    models::TensorMap e = encode_prompt(text, *q.max_sequence_length);
+    text_->warn_truncation(q, field, *q.max_sequence_length, e, ctx_.tp.rank == 0);
+    to.push_back(std::move(e));
+  };
+  for (const auto& q : rs) {
+    add(q, "", "prompt", q.prompt, positive);
+    if (cfg) add(q, kNegative, "negative_prompt", q.negative_prompt.value_or(""), negative);
+  }
+  TextInputs in;
+  in.positive = text_->batch(positive, "");
+  if (cfg) in.negative = text_->batch(negative, kNegative);
+  return in;
+}
+
+void DiffusionPipeline::check_batch_fits(const std::vector<GenerationRequest>& rs) const {
+  MemoryModel fit;
+  fit.pipeline = cls_;
+  fit.transformer = shapes_.transformer;
+  fit.attention_chunk = transformer_->attention_chunk();
+  fit.text_hidden = text_->loaded() ? shapes_.text_hidden : 0;
+  fit.tp_size = ctx_.tp.size;
+  fit.weights_bytes = ctx_.bytes;
+  const std::string device = ctx_.device.str();
+  const VaeShape vae = vae_ ? vae_->memory_shape(device) : VaeShape{};
+  fill_runtime(fit, device, ctx_.dtype_name, vae_ ? &vae : nullptr);
+  check_batch_memory(fit, batch_shape(*this, rs), ctx_.tp, device);
+}
+
+at::Tensor DiffusionPipeline::draw_latents(const GenerationRequest& q) const {
+  return prepare_latents(q.seed, 1, shapes_.transformer.in_channels / 4, *q.height, *q.width, ctx_.dtype, ctx_.device,
+                         vae_scale_);
+}
+
+std::vector<GenerationResult> DiffusionPipeline::generate_batch(const std::vector<GenerationRequest>& requests,
+                                                                const StepCallback& on_step) const try {
+  ctx_.need_denoiser("generate_batch");
+  if (requests.empty()) return {};
+  const std::vector<GenerationRequest> rs = prepare_batch(*this, requests);
+  const GenerationRequest& r = rs.front();
+  check_batch_fits(rs);
+  const int64_t batch = static_cast<int64_t>(rs.size());
+  const int64_t steps = *r.steps, height = *r.height, width = *r.width;
+  const bool cfg = true_cfg(r);
+  StageTimes times;
+
+  // 1. Prompt embeddings.
+  auto t0 = Clock::now();
+  TextInputs in = encode_batch(rs, cfg);
+  times.encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
+
+  // 2. Latents (each given or from its own seed), schedule, the transformer's inputs.
+  std::vector<at::Tensor> per_request;
+  for (const auto& q : rs) {
+    per_request.push_back(q.has_given("latents") ? q.given->at("latents").to(ctx_.device, ctx_.dtype)
+                                                 : draw_latents(q));
+  }
+  at::Tensor latents = stack_batch(per_request, "latents");
+  FlowMatchEulerDiscreteScheduler scheduler(scheduler_);
+  scheduler.set_timesteps(steps, schedule_mu(scheduler, image_seq_len(height, width, vae_scale_), steps));
+  add_transformer_inputs(in.positive, r, batch);
+  if (cfg) add_transformer_inputs(in.negative, r, batch);
+
+  // 3. Denoising.
+  latents = denoise([&](const models::TensorMap& x) { return transformer_->run(x); }, scheduler, latents,
+                    in.positive, cfg ? &in.negative : nullptr, cfg ? cfg_scale(r) : 1.0, on_step, times,
+                    cfg_rescale());
+
+  // 4. Per image: the NaN check, then decode (on the rank that holds the VAE).
+  LatentDecoder decode;
+  if (vae_) decode = [this, height, width](const at::Tensor& lat) { return decode_latents(lat, height, width); };
+  return finish_batch(latents, height, width, steps, ctx_.dtype_name, decode, std::move(times));
+} catch (...) {
+  rethrow_generation_failure(ctx_.tp);  // an allocation failure as a request error
+}
+
+std::vector<int64_t> DiffusionPipeline::latent_shape(int64_t height, int64_t width) const {
+  return {image_seq_len(height, width, vae_scale_), shapes_.transformer.in_channels};
+}
+
+bool DiffusionPipeline::decodes() const { return vae_ != nullptr; }
+
+int64_t DiffusionPipeline::transformer_all_reduces() const {
+  return transformer_ ? transformer_->all_reduces_per_forward() : 0;
+}
+
+}  // namespace tprun::pipelines

@@ -1,0 +1,148 @@
+#pragma once
+// The generate skeleton every flow-matching pipeline family shares (template
+// method): the Pipeline interface answered once, with the family's hooks for
+// what differs.
+//
+// Load (a family's static load()):
+//   begin_load    the folder against the spec (component_check.h), every
+//                 config and cross-check (component_configs.h), the request
+//                 options and the scheduler config; no weight byte yet
+//   (family)      its typed configs, its text conditioner with its tokenizers
+//   finish_load   every TP plan, then the weights (component_loader.h); the
+//                 transformer, the VAE and the text encoders taken
+// One batch (generate_batch):
+//   prepare_batch -> memory check -> encode (each prompt given or encoded
+//   through the cache, with diffusers' truncation warning) -> latents (each
+//   request's given or drawn) -> schedule (the family's mu) -> denoise (the
+//   family's inputs; its guidance style: true CFG and its rescale) -> per
+//   image: NaN check and decode (the family's latent layout and the VAE's
+//   normalisation).
+// Hooks: true_cfg / cfg_scale / cfg_rescale (guidance style), draw_latents
+// (latent layout), schedule_mu (scheduler shift), add_transformer_inputs
+// (ids, guidance, image shapes), decode_latents (unpack, de-normalise,
+// decode), check_family_request.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/tensor_map.h"
+#include "pipelines/batch_stages.h"
+#include "pipelines/flow_match_scheduler.h"
+#include "pipelines/pipeline.h"
+#include "pipelines/pipeline_context.h"
+#include "pipelines/pipeline_spec.h"
+#include "pipelines/request_checks.h"
+#include "pipelines/text_conditioner.h"
+
+namespace tprun::checkpoint {
+struct PipelineFolder;
+}
+
+namespace tprun::models {
+class Denoiser;
+class Vae;
+}  // namespace tprun::models
+
+namespace tprun::pipelines {
+
+class ComponentConfigs;
+class LoadedComponents;
+
+class DiffusionPipeline : public Pipeline {
+ public:
+  ~DiffusionPipeline() override;
+
+  std::string class_name() const override { return cls_; }
+  GenerationRequest with_defaults(GenerationRequest request) const override;
+  // RequestError naming the field: the request options (request_checks.h),
+  // the size against the VAE, steps and guidance, max_sequence_length, the
+  // given tensors (together, shapes, known names), the text encoders a
+  // request without embeddings needs; then the family's own checks.
+  void check_request(const GenerationRequest& request) const override;
+  // What changes a batch's compute: size, steps, guidance, true CFG (on and its scale), max_sequence_length.
+  std::string batch_key(const GenerationRequest& request) const override;
+  // Pixels x steps x transformer forwards per step.
+  double cost(const GenerationRequest& request) const override;
+  // Each prompt is encoded and each noise drawn alone, the denoising runs on
+  // the stacked latents, each image is checked and decoded alone.
+  std::vector<GenerationResult> generate_batch(const std::vector<GenerationRequest>& requests,
+                                               const StepCallback& on_step = {}) const final;
+  // Packed latents: [image tokens, in_channels].
+  std::vector<int64_t> latent_shape(int64_t height, int64_t width) const override;
+
+  bool decodes() const override;
+  const std::string& folder() const override { return ctx_.folder; }
+  const std::string& dtype() const override { return ctx_.dtype_name; }
+  uint64_t bytes_loaded() const override { return ctx_.bytes; }
+  int64_t transformer_all_reduces() const override;
+  PromptCacheStats prompt_cache_stats() const override { return ctx_.cache->stats(); }
+
+  // Staged phases: the prompt's encode gives the conditioner's tensors, the
+  // negative prompt's (true CFG; "" unless given) the same as negative_*.
+  std::vector<TextEncode> text_encodes(const GenerationRequest& request) const override;
+  models::TensorMap encode_text(const TextEncode& encode) const override;
+  void warn_truncation(const GenerationRequest& request, const TextEncode& encode,
+                       const models::TensorMap& embeddings) const override;
+
+  // One prompt's embeddings as the family's encode_prompt returns them, through the per-process cache.
+  models::TensorMap encode_prompt(const std::string& prompt, int64_t max_sequence_length) const;
+  int64_t vae_scale_factor() const { return vae_scale_; }
+
+ protected:
+  DiffusionPipeline();
+
+  // The load's first half (see the header comment); `pf` outlives the result.
+  ComponentConfigs begin_load(const checkpoint::PipelineFolder& pf, const parallel::TpContext& tp,
+                              const PipelineOptions& options);
+  // The second half: the weights, then the transformer, the VAE (where this
+  // rank decodes) and, through text_->take, the text encoders. text_ must be set.
+  void finish_load(const checkpoint::PipelineFolder& pf, const ComponentConfigs& configs,
+                   const PipelineOptions& options);
+
+  // Guidance style: whether true CFG runs for `r` (defaults applied), its scale, its rescale.
+  virtual bool true_cfg(const GenerationRequest& r) const = 0;
+  virtual double cfg_scale(const GenerationRequest& r) const = 0;
+  virtual CfgRescale cfg_rescale() const { return CfgRescale::kNone; }
+  // Whether the pipeline ever runs a negative pass (negative_* tensors are known).
+  virtual bool has_negative() const { return true; }
+  // Latent layout: one request's initial noise from its seed, packed [1, tokens, in_channels].
+  // Default: FLUX.1's 2x2 packing of in_channels / 4 channels.
+  virtual at::Tensor draw_latents(const GenerationRequest& r) const;
+  // Scheduler shift: mu for set_timesteps (nullopt: none).
+  virtual std::optional<double> schedule_mu(const FlowMatchEulerDiscreteScheduler& scheduler, int64_t image_tokens,
+                                            int64_t steps) const = 0;
+  // The transformer's inputs besides the text's (text_->batch), latents and timestep.
+  virtual void add_transformer_inputs(models::TensorMap& inputs, const GenerationRequest& r, int64_t batch) const = 0;
+  // One image's packed latents [1, tokens, C] -> decoded [1, 3, H, W] (or [1, 3, F, H, W]) in [-1, 1].
+  virtual at::Tensor decode_latents(const at::Tensor& packed, int64_t height, int64_t width) const = 0;
+  virtual void check_family_request(const GenerationRequest& r) const {}
+
+  PipelineContext ctx_;
+  std::string cls_;
+  const PipelineSpec* spec_ = nullptr;
+  RequestOptions request_;
+  FlowMatchSchedulerConfig scheduler_;
+  FamilyShapes shapes_;
+  int64_t vae_scale_ = 8;
+  std::unique_ptr<TextConditioner> text_;
+  std::unique_ptr<models::Denoiser> transformer_;
+  std::unique_ptr<models::Vae> vae_;
+
+ private:
+  struct TextInputs {
+    models::TensorMap positive, negative;
+  };
+  TextInputs encode_batch(const std::vector<GenerationRequest>& rs, bool cfg) const;
+  void check_batch_fits(const std::vector<GenerationRequest>& rs) const;
+};
+
+// A family's load as TPRUN_REGISTER_PIPELINE expects it.
+// The key of a prompt's embeddings, in the embeddings cache and in a
+// TextEncode: max_sequence_length and the text, not the role, so a negative
+// prompt "" and a prompt "" share one encode.
+std::string prompt_key(const std::string& text, int64_t max_sequence_length);
+
+}  // namespace tprun::pipelines
