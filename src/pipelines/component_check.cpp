@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/pipeline_folder.h"
-#include "runtime/strict_json.h"
 #include "memory/memory_options.h"
 #include "pipelines/pipeline_spec.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::pipelines {
 namespace {
@@ -111,7 +111,7 @@ void check_pipeline_components(const checkpoint::PipelineFolder& pf) {
     if (!fs::is_regular_file(file, ec)) continue;  // the loader names the missing file
     json config;
     try {
-      config = checkpoint::read_json_file(file.string(), "component config");
+      config = read_json_file(file.string(), "component config");
     } catch (const Error& e) {
       rethrow_on_all_ranks(e);  // every rank reads the same file
     }

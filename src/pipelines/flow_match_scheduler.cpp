@@ -9,8 +9,8 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <fmt/format.h>
 
-#include "runtime/strict_json.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::pipelines {
 namespace {
@@ -114,7 +114,7 @@ FlowMatchSchedulerConfig FlowMatchSchedulerConfig::from_json(const json& config,
 }
 
 FlowMatchSchedulerConfig FlowMatchSchedulerConfig::from_file(const std::string& path) {
-  return from_json(checkpoint::read_json_file(path, "scheduler config"), path);
+  return from_json(read_json_file(path, "scheduler config"), path);
 }
 
 double calculate_shift(int64_t image_seq_len, int64_t base_seq_len, int64_t max_seq_len, double base_shift,

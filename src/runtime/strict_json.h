@@ -18,12 +18,4 @@ nlohmann::json parse_strict_json(std::string_view text, const std::string& file,
 // Reads and parses a whole (small) JSON file.
 nlohmann::json read_json_file(const std::string& path, const std::string& what);
 
-// The names as the checkpoint layer spelled them before this reader moved down
-// to runtime/; pipelines/ still calls checkpoint::read_json_file (its files are
-// being rewritten for issue 32: switch them to the tprun:: names, then drop this).
-namespace checkpoint {
-using tprun::parse_strict_json;
-using tprun::read_json_file;
-}  // namespace checkpoint
-
 }  // namespace tprun
