@@ -27,20 +27,20 @@ class Tensor;
 
 namespace tprun::pipelines {
 
-// FLUX.1's VAE downsamples 8x (2 ** (len(block_out_channels) - 1)).
-constexpr int64_t kFluxVaeScaleFactor = 8;
+// Every function here takes the VAE's scale factor (models::Vae::spatial_scale,
+// from its config): no family's factor is assumed.
 
 // RequestError "height 1000 is not a multiple of 16 (...)" unless height and
 // width are positive multiples of vae_scale_factor * 2 (the VAE's factor times
 // the 2x2 packing). diffusers only warns and rounds down; tprun refuses.
-void check_image_size(int64_t height, int64_t width, int64_t vae_scale_factor = kFluxVaeScaleFactor);
+void check_image_size(int64_t height, int64_t width, int64_t vae_scale_factor);
 
 // Latent (unpacked) height or width for an image side: 2 * (side / (vae_scale_factor * 2)).
-int64_t latent_side(int64_t image_side, int64_t vae_scale_factor = kFluxVaeScaleFactor);
+int64_t latent_side(int64_t image_side, int64_t vae_scale_factor);
 
 // Packed sequence length (number of image tokens) = (latent h / 2) * (latent w / 2);
 // what FluxPipeline passes to calculate_shift.
-int64_t image_seq_len(int64_t height, int64_t width, int64_t vae_scale_factor = kFluxVaeScaleFactor);
+int64_t image_seq_len(int64_t height, int64_t width, int64_t vae_scale_factor);
 
 // Standard normal noise of `shape` from the seeded CPU generator (see above).
 at::Tensor seeded_noise(uint64_t seed, const std::vector<int64_t>& shape, c10::ScalarType dtype,
@@ -52,7 +52,7 @@ at::Tensor pack_latents(const at::Tensor& latents);
 // [B, N, 4C] -> [B, C, h, w] with h, w = latent_side(height, width): FluxPipeline._unpack_latents.
 // Error (internal) when N or the channels do not fit.
 at::Tensor unpack_latents(const at::Tensor& packed, int64_t height, int64_t width,
-                          int64_t vae_scale_factor = kFluxVaeScaleFactor);
+                          int64_t vae_scale_factor);
 
 // [rows * cols, 3] with row r * cols + c = (0, r, c), built in fp32 then cast:
 // FluxPipeline._prepare_latent_image_ids(batch, latent h / 2, latent w / 2).
@@ -64,6 +64,6 @@ at::Tensor latent_image_ids(int64_t rows, int64_t cols, c10::ScalarType dtype = 
 // transformer's in_channels / 4 (16 for FLUX.1).
 at::Tensor prepare_latents(uint64_t seed, int64_t batch, int64_t channels, int64_t height, int64_t width,
                            c10::ScalarType dtype, c10::Device device,
-                           int64_t vae_scale_factor = kFluxVaeScaleFactor);
+                           int64_t vae_scale_factor);
 
 }  // namespace tprun::pipelines

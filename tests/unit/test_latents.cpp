@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 
 fs::path pipeline_case() { return test::data_dir("flux_pipeline"); }
 
-std::string request_error(int64_t height, int64_t width, int64_t vae_scale_factor = kFluxVaeScaleFactor) {
+std::string request_error(int64_t height, int64_t width, int64_t vae_scale_factor = 8) {
   try {
     check_image_size(height, width, vae_scale_factor);
   } catch (const RequestError& e) {
@@ -39,11 +39,11 @@ TEST(Latents, PackUnpackIsIdentity) {
   const at::Tensor packed = pack_latents(x);
   EXPECT_EQ(packed.sizes(), (std::vector<int64_t>{2, 4 * 6, 64}));
   // A 64x96 image with the VAE's 8x gives the 8x12 latent.
-  const at::Tensor back = unpack_latents(packed, 64, 96);
+  const at::Tensor back = unpack_latents(packed, 64, 96, 8);
   EXPECT_TRUE(at::equal(back, x));
   // And packing the unpacked tokens gives the tokens back.
-  EXPECT_TRUE(at::equal(pack_latents(unpack_latents(packed, 64, 96)), packed));
-  EXPECT_THROW(unpack_latents(packed, 64, 64), Error);
+  EXPECT_TRUE(at::equal(pack_latents(unpack_latents(packed, 64, 96, 8)), packed));
+  EXPECT_THROW(unpack_latents(packed, 64, 64, 8), Error);
   EXPECT_THROW(pack_latents(at::randn({1, 16, 3, 4})), Error);
 }
 
@@ -90,9 +90,9 @@ TEST(Latents, SizeErrorsNameValueAndMultiple) {
   EXPECT_NE(request_error(30, 32, 2).find("height 30 is not a multiple of 4"), std::string::npos);
   EXPECT_NE(request_error(0, 1024).find("height 0 must be positive"), std::string::npos);
   EXPECT_NE(request_error(1024, -16).find("width -16 must be positive"), std::string::npos);
-  EXPECT_THROW(prepare_latents(1, 1, 16, 1000, 1024, at::kFloat, at::kCPU), RequestError);
-  EXPECT_EQ(image_seq_len(1024, 1024), 4096);
-  EXPECT_EQ(latent_side(1024), 128);
+  EXPECT_THROW(prepare_latents(1, 1, 16, 1000, 1024, at::kFloat, at::kCPU, 8), RequestError);
+  EXPECT_EQ(image_seq_len(1024, 1024, 8), 4096);
+  EXPECT_EQ(latent_side(1024, 8), 128);
 }
 
 TEST(Latents, SeededNoiseIsReproducible) {
