@@ -262,13 +262,7 @@ QwenImageVae::QwenImageVae(QwenImageVaeConfig config, const ModelOptions& option
   init_vae(info_of(config_), options);
   // Tiles (diffusers' enable_tiling defaults: 256 px at a stride of 192 = 256 x (1 - 0.25)).
   tile_stride_ = static_cast<int64_t>(static_cast<double>(tile_sample_size()) * (1 - tile_overlap()));
-  const int64_t sf = config_.scale_factor();
-  if (tiling() && (tile_sample_size() < sf || tile_stride_ < sf)) {
-    throw ConfigError(fmt::format("{}: VAE tiles of {} px at a stride of {} px (vae_tile_sample_size x (1 - "
-                                  "vae_tile_overlap)) must both be at least the scale factor {} (one latent)",
-                                  config_path, tile_sample_size(), tile_stride_, sf),
-                      true);
-  }
+  if (tiling()) check_vae_tile_stride(tile_sample_size(), tile_overlap(), config_.scale_factor(), config_path);
 }
 
 std::unique_ptr<QwenImageVae> QwenImageVae::load(checkpoint::WeightSource& source, const nlohmann::json& config,

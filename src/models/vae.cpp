@@ -83,6 +83,16 @@ VaeInfo read_vae_info(const nlohmann::json& config, const std::string& config_pa
   return it->second(config, config_path);
 }
 
+void check_vae_tile_stride(int64_t tile_sample, double overlap, int64_t scale_factor, const std::string& config_path) {
+  const auto stride = static_cast<int64_t>(static_cast<double>(tile_sample) * (1 - overlap));
+  if (tile_sample < scale_factor || stride < scale_factor) {
+    throw ConfigError(fmt::format("{}: VAE tiles of {} px at a stride of {} px (vae_tile_sample_size x (1 - "
+                                  "vae_tile_overlap)) must both be at least the scale factor {} (one latent)",
+                                  config_path, tile_sample, stride, scale_factor),
+                      true);
+  }
+}
+
 std::string vae_compute_dtype(const VaeInfo& info, const std::string& dtype) {
   const c10::ScalarType requested = checkpoint::parse_compute_dtype(dtype, "dtype");
   return info.force_upcast ? "fp32" : dtype_name(requested);

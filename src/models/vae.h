@@ -67,6 +67,11 @@ std::string vae_compute_dtype(const VaeInfo& info, const std::string& dtype);
 VaeShape vae_shape(const VaeInfo& info, const std::string& compute_dtype, const std::string& device,
                    const memory::MemoryOptions& memory);
 
+// A tile of `tile_sample` px at a stride of int(tile x (1 - overlap)) px must
+// hold a latent and move by one (the rule of a VAE without whole_latent_tiles,
+// AutoencoderKLQwenImage's): ConfigError naming `config_path` otherwise.
+void check_vae_tile_stride(int64_t tile_sample, double overlap, int64_t scale_factor, const std::string& config_path);
+
 using VaeInfoReader = std::function<VaeInfo(const nlohmann::json& config, const std::string& config_path)>;
 // The registered reader of config's _class_name (CheckpointError naming the
 // file, the class and the known ones for another class).

@@ -47,6 +47,12 @@ class ComponentConfigs {
   bool has(const std::string& component) const { return read_.count(component) > 0; }
   // CheckpointError naming the component when it was not read (internal: a spec reads what it checks).
   const ComponentConfig& at(const std::string& component) const;
+  // The component's typed config (Config::from_json: CheckpointError naming the file and field).
+  template <class Config>
+  Config parse(const std::string& component) const {
+    const ComponentConfig& c = at(component);
+    return Config::from_json(c.json, c.path);
+  }
   // The VAE's facts from its config (models/vae.h).
   const models::VaeInfo& vae() const { return vae_; }
   // Whether the load reads the text encoders (PipelineOptions::text_encoders).
@@ -62,8 +68,8 @@ class ComponentConfigs {
 };
 
 // The transformer's and the VAE's configs, the text encoders' where
-// options.text_encoders, [memory] vae_tiling's tiles against the VAE, then
-// spec.cross_check. `pf` must outlive the result. CheckpointError naming the
+// options.text_encoders, [memory] vae_tiling's tiles against the VAE, the
+// packed channels (spec.packs_2x2), then spec.cross_check. `pf` must outlive the result. CheckpointError naming the
 // file and the field.
 ComponentConfigs read_component_configs(const checkpoint::PipelineFolder& pf, const PipelineSpec& spec,
                                         const PipelineOptions& options);

@@ -58,23 +58,21 @@ std::string prompt_key(const std::string& text, int64_t max_sequence_length) {
 DiffusionPipeline::DiffusionPipeline() = default;
 DiffusionPipeline::~DiffusionPipeline() = default;
 
-ComponentConfigs DiffusionPipeline::begin_load(const checkpoint::PipelineFolder& pf, const parallel::TpContext& tp,
-                                               const PipelineOptions& options) {
+void DiffusionPipeline::load_folder(const std::string& folder, const parallel::TpContext& tp,
+                                    const PipelineOptions& options) {
+  const checkpoint::PipelineFolder pf = open_registered_folder(folder);
   ctx_.init(pf.path, tp, options);
   cls_ = pf.cls;
   spec_ = find_pipeline_spec(pf.cls);
-  check_pipeline_components(pf);  // an internal error for a class without a spec
+  check_pipeline_components(pf);
   // Configs first: every cross-component check before any weight byte is read.
-  ComponentConfigs configs = read_component_configs(pf, *spec_, options);
+  const ComponentConfigs configs = read_component_configs(pf, *spec_, options);
   shapes_ = spec_->shapes(configs);
   vae_scale_ = configs.vae().spatial_scale;
   scheduler_ = FlowMatchSchedulerConfig::from_file(need_component(pf, "scheduler").path + "/scheduler_config.json");
   request_ = request_options(pf);
-  return configs;
-}
-
-void DiffusionPipeline::finish_load(const checkpoint::PipelineFolder& pf, const ComponentConfigs& configs,
-                                    const PipelineOptions& options) {
+  configure(configs, options);
+  // The weights: every TP plan first, then this rank's components.
   LoadedComponents parts = load_components(pf, *spec_, configs, ctx_.tp, options);
   ctx_.bytes += parts.bytes;
   transformer_ = parts.take<models::Denoiser>("transformer");

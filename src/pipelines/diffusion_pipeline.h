@@ -3,12 +3,13 @@
 // method): the Pipeline interface answered once, with the family's hooks for
 // what differs.
 //
-// Load (a family's static load()):
-//   begin_load    the folder against the spec (component_check.h), every
+// Load (load_as<Family>, the spec's `load`):
+//   begin         the folder against the spec (component_check.h), every
 //                 config and cross-check (component_configs.h), the request
 //                 options and the scheduler config; no weight byte yet
-//   (family)      its typed configs, its text conditioner with its tokenizers
-//   finish_load   every TP plan, then the weights (component_loader.h); the
+//   configure     the family's hook: its typed configs, its text conditioner
+//                 with its tokenizers
+//   finish        every TP plan, then the weights (component_loader.h); the
 //                 transformer, the VAE and the text encoders taken
 // One batch (generate_batch):
 //   prepare_batch -> memory check -> encode (each prompt given or encoded
@@ -91,16 +92,24 @@ class DiffusionPipeline : public Pipeline {
   models::TensorMap encode_prompt(const std::string& prompt, int64_t max_sequence_length) const;
   int64_t vae_scale_factor() const { return vae_scale_; }
 
+  // A family's load (see the header comment). Errors name the folder,
+  // component and field; options.denoiser false: every config is read and
+  // checked alike, the transformer and the VAE are not loaded (the encode
+  // phase of a staged job).
+  template <class Family>
+  static std::unique_ptr<Family> load_as(const std::string& folder, const parallel::TpContext& tp,
+                                         const PipelineOptions& options) {
+    std::unique_ptr<Family> p(new Family());
+    p->load_folder(folder, tp, options);
+    return p;
+  }
+
  protected:
   DiffusionPipeline();
 
-  // The load's first half (see the header comment); `pf` outlives the result.
-  ComponentConfigs begin_load(const checkpoint::PipelineFolder& pf, const parallel::TpContext& tp,
-                              const PipelineOptions& options);
-  // The second half: the weights, then the transformer, the VAE (where this
-  // rank decodes) and, through text_->take, the text encoders. text_ must be set.
-  void finish_load(const checkpoint::PipelineFolder& pf, const ComponentConfigs& configs,
-                   const PipelineOptions& options);
+  // The family's part of the load, before any weight byte: its typed configs
+  // from `configs` (read and cross-checked) and its text conditioner (text_).
+  virtual void configure(const ComponentConfigs& configs, const PipelineOptions& options) = 0;
 
   // Guidance style: whether true CFG runs for `r` (defaults applied), its scale, its rescale.
   virtual bool true_cfg(const GenerationRequest& r) const = 0;
@@ -132,6 +141,8 @@ class DiffusionPipeline : public Pipeline {
   std::unique_ptr<models::Vae> vae_;
 
  private:
+  void load_folder(const std::string& folder, const parallel::TpContext& tp, const PipelineOptions& options);
+
   struct TextInputs {
     models::TensorMap positive, negative;
   };
@@ -139,7 +150,13 @@ class DiffusionPipeline : public Pipeline {
   void check_batch_fits(const std::vector<GenerationRequest>& rs) const;
 };
 
-// A family's load as TPRUN_REGISTER_PIPELINE expects it.
+// A family's load as its spec holds it (PipelineSpec::load).
+template <class Family>
+std::unique_ptr<Pipeline> load_family(const std::string& folder, const parallel::TpContext& tp,
+                                      const PipelineOptions& options) {
+  return DiffusionPipeline::load_as<Family>(folder, tp, options);
+}
+
 // The key of a prompt's embeddings, in the embeddings cache and in a
 // TextEncode: max_sequence_length and the text, not the role, so a negative
 // prompt "" and a prompt "" share one encode.

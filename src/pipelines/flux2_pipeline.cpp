@@ -22,43 +22,35 @@ namespace {
 
 bool is_klein(const std::string& cls) { return cls == Flux2Pipeline::kKleinClass; }
 
-models::Flux2Config flux2_config(const ComponentConfigs& c) {
-  const ComponentConfig& t = c.at("transformer");
-  return models::Flux2Config::from_json(t.json, t.path);
-}
-
-// The transformer against the pipeline class and the VAE; the text encoder
-// (where read) against the transformer and the layers the pipeline stacks.
+// The transformer against the pipeline class; the text encoder (where read)
+// against the transformer and the layers the pipeline stacks.
 void flux2_cross_check(const ComponentConfigs& c) {
-  const models::Flux2Config flux2 = flux2_config(c);
+  const auto flux2 = c.parse<models::Flux2Config>("transformer");
   const std::string& transformer = c.at("transformer").path;
-  check_packed_channels(flux2.in_channels, transformer, c.vae().latent_channels, c.at("vae").path);
   if (!is_klein(c.cls()) && !flux2.guidance) {
     throw CheckpointError(fmt::format("{}: a Flux2Pipeline (dev) transformer needs guidance_embeds", transformer),
                           true);
   }
   if (!c.text_encoders()) return;
-  const ComponentConfig& te = c.at("text_encoder");
-  const auto ecfg = models::DecoderConfig::from_json(te.json, te.path);
+  const std::string& te = c.at("text_encoder").path;
+  const auto ecfg = c.parse<models::DecoderConfig>("text_encoder");
   const std::vector<int64_t> layers = Flux2Conditioner::stacked_layers(is_klein(c.cls()));
   if (3 * ecfg.hidden_size != flux2.joint_dim) {
     throw CheckpointError(fmt::format("{}: joint_attention_dim {} is not 3 x the text encoder's hidden_size {} ({})",
-                                      transformer, flux2.joint_dim, ecfg.hidden_size, te.path),
+                                      transformer, flux2.joint_dim, ecfg.hidden_size, te),
                           true);
   }
   if (ecfg.layers < layers.back()) {
-    throw CheckpointError(fmt::format("{}: the text encoder has {} layers; the {} stacks hidden states {}, {}, {}",
-                                      te.path, ecfg.layers, c.cls(), layers[0], layers[1], layers[2]),
+    throw CheckpointError(fmt::format("{}: the text encoder has {} layers; the {} stacks hidden states {}, {}, {}", te,
+                                      ecfg.layers, c.cls(), layers[0], layers[1], layers[2]),
                           true);
   }
 }
 
 FamilyShapes flux2_shapes(const ComponentConfigs& c) {
-  const models::Flux2Config f = flux2_config(c);
-  FamilyShapes s;
-  s.transformer = {f.heads, f.head_dim, 2 * f.mlp_hidden(), f.mlp_hidden(), f.in_channels, f.joint_dim};
-  s.text_hidden = f.joint_dim / 3;  // three stacked hidden states
-  return s;
+  const auto f = c.parse<models::Flux2Config>("transformer");
+  // SwiGLU's doubled input; the text encoder's width (three stacked hidden states); no pooled embedding.
+  return {{f.heads, f.head_dim, 2 * f.mlp_hidden(), f.mlp_hidden(), f.in_channels, f.joint_dim}, f.joint_dim / 3, 0};
 }
 
 // What the FLUX.2 pipelines' requests may set: 512 text tokens; no
@@ -77,31 +69,18 @@ RequestOptions flux2_request_options(const checkpoint::PipelineFolder& pf) {
 
 // The annotations of Flux2Pipeline / Flux2KleinPipeline.__init__: the text
 // encoder split over the TP group unless shard_text_encoders = false (a 24B
-// encoder replicated on every rank does not fit most GPUs).
+// encoder replicated on every rank does not fit most GPUs), its stacked
+// hidden layers; 50 steps, guidance 4.0.
 PipelineSpec flux2_spec(const char* cls, const char* encoder, const std::vector<std::string>& tokenizers) {
-  PipelineSpec s;
-  s.cls = cls;
-  ComponentSpec te = text_encoder_component("text_encoder", {encoder});
-  te.splittable = te.split_by_default = true;
   const bool klein = is_klein(cls);
-  te.hidden_layers = [klein](const ComponentConfigs&) { return Flux2Conditioner::stacked_layers(klein); };
-  s.components = {
-      transformer_component("Flux2Transformer2DModel"),
-      vae_component({"AutoencoderKLFlux2"}),
-      scheduler_component({"FlowMatchEulerDiscreteScheduler"}),
-      te,
-      tokenizer_component("tokenizer", tokenizers),
-  };
-  s.defaults.steps = 50;
-  s.defaults.guidance = 4.0;
-  s.cross_check = flux2_cross_check;
-  s.shapes = flux2_shapes;
-  s.request_options = flux2_request_options;
-  s.tokenize = Flux2Conditioner::tokenize;
-  s.load = [](const std::string& folder, const parallel::TpContext& tp, const PipelineOptions& options) {
-    return std::unique_ptr<Pipeline>(Flux2Pipeline::load(folder, tp, options));
-  };
-  return s;
+  auto layers = [klein](const ComponentConfigs&) { return Flux2Conditioner::stacked_layers(klein); };
+  return {cls,
+          {transformer_component("Flux2Transformer2DModel"), vae_component({"AutoencoderKLFlux2"}),
+           scheduler_component({"FlowMatchEulerDiscreteScheduler"}),
+           text_encoder_component("text_encoder", {encoder}, TextSplit::kByDefault, layers),
+           tokenizer_component("tokenizer", tokenizers)},
+          CallDefaults{128, 50, 4.0, 1.0, 512}, true, flux2_cross_check, flux2_shapes, flux2_request_options,
+          Flux2Conditioner::tokenize, load_family<Flux2Pipeline>};
 }
 
 PipelineSpec flux2_dev_spec() {
@@ -113,18 +92,11 @@ PipelineSpec flux2_klein_spec() {
 
 }  // namespace
 
-std::unique_ptr<Flux2Pipeline> Flux2Pipeline::load(const std::string& folder, const parallel::TpContext& tp,
-                                                   const PipelineOptions& options) {
-  auto p = std::unique_ptr<Flux2Pipeline>(new Flux2Pipeline());
-  const auto pf = checkpoint::open_pipeline_folder(folder);
-  const ComponentConfigs configs = p->begin_load(pf, tp, options);
-  p->klein_ = is_klein(pf.cls);
-  p->distilled_ =
-      p->klein_ && models::config_bool_or(pf.index, "is_distilled", pf.path + "/model_index.json", false);
-  p->text_ = std::make_unique<Flux2Conditioner>(configs, p->klein_, p->shapes_.transformer.joint_dim, p->ctx_.device,
-                                                p->ctx_.dtype);
-  p->finish_load(pf, configs, options);
-  return p;
+void Flux2Pipeline::configure(const ComponentConfigs& configs, const PipelineOptions&) {
+  const checkpoint::PipelineFolder& pf = configs.folder();
+  klein_ = is_klein(pf.cls);
+  distilled_ = klein_ && models::config_bool_or(pf.index, "is_distilled", pf.path + "/model_index.json", false);
+  text_ = std::make_unique<Flux2Conditioner>(configs, klein_, shapes_.transformer.joint_dim, ctx_.device, ctx_.dtype);
 }
 
 bool Flux2Pipeline::true_cfg(const GenerationRequest& r) const { return klein_ && !distilled_ && *r.guidance > 1.0; }

@@ -45,20 +45,10 @@ class Flux2Pipeline final : public DiffusionPipeline {
   static constexpr const char* kClass = "Flux2Pipeline";            // FLUX.2 [dev]
   static constexpr const char* kKleinClass = "Flux2KleinPipeline";  // FLUX.2 [klein]
 
-  // `folder`: a diffusers Flux2Pipeline or Flux2KleinPipeline folder. Reads
-  // every config, checks that the components fit together (joint_attention_dim
-  // = 3 x the text encoder's hidden size, in_channels = 4 x the VAE's latent
-  // channels, the text encoder has the layers the pipeline stacks, the
-  // tokenizer and its chat template are ones tprun knows), validates the TP
-  // plans, then loads. Errors name the folder, component and field.
-  // options.denoiser false: every config is read and checked alike, the
-  // transformer and the VAE are not loaded (the encode phase of a staged job).
-  static std::unique_ptr<Flux2Pipeline> load(const std::string& folder, const parallel::TpContext& tp,
-                                             const PipelineOptions& options = {});
-
   bool klein() const { return klein_; }
 
  private:
+  void configure(const ComponentConfigs& configs, const PipelineOptions& options) override;
   // klein: true CFG with guidance as its scale when the folder is not distilled and guidance > 1.
   bool true_cfg(const GenerationRequest& r) const override;
   double cfg_scale(const GenerationRequest& r) const override { return *r.guidance; }

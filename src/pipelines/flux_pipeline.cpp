@@ -19,40 +19,29 @@
 namespace tprun::pipelines {
 namespace {
 
-models::FluxConfig flux_config(const ComponentConfigs& c) {
-  const ComponentConfig& t = c.at("transformer");
-  return models::FluxConfig::from_json(t.json, t.path);
-}
-
-// CLIP and T5 against the transformer (where the text encoders are read), the VAE's latents against its input.
+// CLIP and T5 against the transformer, where the text encoders are read.
 void flux_cross_check(const ComponentConfigs& c) {
-  const models::FluxConfig flux = flux_config(c);
-  const std::string& transformer = c.at("transformer").path;
-  check_packed_channels(flux.in_channels, transformer, c.vae().latent_channels, c.at("vae").path);
   if (!c.text_encoders()) return;
-  const ComponentConfig& clip = c.at("text_encoder");
-  const ComponentConfig& t5 = c.at("text_encoder_2");
-  const int64_t clip_hidden = models::ClipTextConfig::from_json(clip.json, clip.path).hidden_size;
-  const int64_t t5_dim = models::T5Config::from_json(t5.json, t5.path).d_model;
+  const auto flux = c.parse<models::FluxConfig>("transformer");
+  const int64_t clip_hidden = c.parse<models::ClipTextConfig>("text_encoder").hidden_size;
+  const int64_t t5_dim = c.parse<models::T5Config>("text_encoder_2").d_model;
   if (clip_hidden != flux.pooled_dim) {
     throw CheckpointError(fmt::format("{}: pooled_projection_dim {} differs from the CLIP hidden_size {} ({})",
-                                      transformer, flux.pooled_dim, clip_hidden, clip.path),
+                                      c.at("transformer").path, flux.pooled_dim, clip_hidden,
+                                      c.at("text_encoder").path),
                           true);
   }
   if (t5_dim != flux.joint_dim) {
-    throw CheckpointError(fmt::format("{}: joint_attention_dim {} differs from the T5 d_model {} ({})", transformer,
-                                      flux.joint_dim, t5_dim, t5.path),
+    throw CheckpointError(fmt::format("{}: joint_attention_dim {} differs from the T5 d_model {} ({})",
+                                      c.at("transformer").path, flux.joint_dim, t5_dim, c.at("text_encoder_2").path),
                           true);
   }
 }
 
 FamilyShapes flux_shapes(const ComponentConfigs& c) {
-  const models::FluxConfig f = flux_config(c);
-  FamilyShapes s;
-  s.transformer = {f.heads, f.head_dim, 4 * f.inner(), 4 * f.inner(), f.in_channels, f.joint_dim};
-  s.pooled_dim = f.pooled_dim;
-  s.text_hidden = f.joint_dim;  // T5's d_model (checked equal)
-  return s;
+  const auto f = c.parse<models::FluxConfig>("transformer");
+  // The MLP widths; T5's d_model (checked equal to joint_dim); CLIP's pooled embedding.
+  return {{f.heads, f.head_dim, 4 * f.inner(), 4 * f.inner(), f.in_channels, f.joint_dim}, f.joint_dim, f.pooled_dim};
 }
 
 // What FluxPipeline's requests may set: 512 T5 tokens; guidance only with a
@@ -71,50 +60,33 @@ RequestOptions flux_request_options(const checkpoint::PipelineFolder& pf) {
   return o;
 }
 
-// The annotations of FluxPipeline.__init__ (pipeline_flux.py): T5 split only when asked.
+// The annotations of FluxPipeline.__init__ (pipeline_flux.py): CLIP whole on
+// every rank, T5 split only when asked; 28 steps, guidance 3.5.
 PipelineSpec flux_spec() {
-  PipelineSpec s;
-  s.cls = FluxPipeline::kClass;
-  ComponentSpec t5 = text_encoder_component("text_encoder_2", {"T5EncoderModel"});
-  t5.splittable = true;
-  s.components = {
-      transformer_component("FluxTransformer2DModel"),
-      vae_component({"AutoencoderKL"}),
-      scheduler_component({"FlowMatchEulerDiscreteScheduler"}),
-      text_encoder_component("text_encoder", {"CLIPTextModel"}),
-      t5,
-      tokenizer_component("tokenizer", {"CLIPTokenizer", "CLIPTokenizerFast"}),
-      tokenizer_component("tokenizer_2", {"T5TokenizerFast", "T5Tokenizer"}),
-      unused_component("image_encoder", "transformers", {"CLIPVisionModelWithProjection"}),
-      unused_component("feature_extractor", "transformers", {"CLIPImageProcessor"}),
-  };
-  s.defaults.steps = 28;
-  s.defaults.guidance = 3.5;
-  s.cross_check = flux_cross_check;
-  s.shapes = flux_shapes;
-  s.request_options = flux_request_options;
-  s.tokenize = ClipT5Conditioner::tokenize;
-  s.load = [](const std::string& folder, const parallel::TpContext& tp, const PipelineOptions& options) {
-    return std::unique_ptr<Pipeline>(FluxPipeline::load(folder, tp, options));
-  };
-  return s;
+  return {FluxPipeline::kClass,
+          {transformer_component("FluxTransformer2DModel"), vae_component({"AutoencoderKL"}),
+           scheduler_component({"FlowMatchEulerDiscreteScheduler"}),
+           text_encoder_component("text_encoder", {"CLIPTextModel"}),
+           text_encoder_component("text_encoder_2", {"T5EncoderModel"}, TextSplit::kWhenAsked),
+           tokenizer_component("tokenizer", {"CLIPTokenizer", "CLIPTokenizerFast"}),
+           tokenizer_component("tokenizer_2", {"T5TokenizerFast", "T5Tokenizer"}),
+           unused_component("image_encoder", "transformers", {"CLIPVisionModelWithProjection"}),
+           unused_component("feature_extractor", "transformers", {"CLIPImageProcessor"})},
+          CallDefaults{128, 28, 3.5, 1.0, 512}, true, flux_cross_check, flux_shapes, flux_request_options,
+          ClipT5Conditioner::tokenize, load_family<FluxPipeline>};
 }
 
 }  // namespace
 
 std::unique_ptr<FluxPipeline> FluxPipeline::load(const std::string& folder, const parallel::TpContext& tp,
                                                  const PipelineOptions& options) {
-  auto p = std::unique_ptr<FluxPipeline>(new FluxPipeline());
-  if (!checkpoint::is_pipeline_folder(folder)) {
-    throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
-  }
-  const auto pf = checkpoint::open_pipeline_folder(folder);
-  const ComponentConfigs configs = p->begin_load(pf, tp, options);
-  p->flux_ = flux_config(configs);
-  p->text_ = std::make_unique<ClipT5Conditioner>(pf, options.text_encoders, p->flux_.joint_dim, p->flux_.pooled_dim,
-                                                 p->ctx_.device, p->ctx_.dtype);
-  p->finish_load(pf, configs, options);
-  return p;
+  return load_as<FluxPipeline>(folder, tp, options);
+}
+
+void FluxPipeline::configure(const ComponentConfigs& configs, const PipelineOptions& options) {
+  flux_ = configs.parse<models::FluxConfig>("transformer");
+  text_ = std::make_unique<ClipT5Conditioner>(configs.folder(), options.text_encoders, flux_.joint_dim,
+                                              flux_.pooled_dim, ctx_.device, ctx_.dtype);
 }
 
 // True CFG: true_cfg_scale > 1 and a negative prompt (or its embeddings) given.

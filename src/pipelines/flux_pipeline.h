@@ -58,6 +58,7 @@ class FluxPipeline final : public DiffusionPipeline {
   bool has_guidance_embeds() const { return flux_.guidance; }
 
  private:
+  void configure(const ComponentConfigs& configs, const PipelineOptions& options) override;
   bool true_cfg(const GenerationRequest& r) const override;
   double cfg_scale(const GenerationRequest& r) const override { return *r.true_cfg_scale; }
   std::optional<double> schedule_mu(const FlowMatchEulerDiscreteScheduler& scheduler, int64_t image_tokens,

@@ -79,16 +79,8 @@ std::vector<std::string> pipeline_names() { return pipeline_spec_names(); }
 
 std::unique_ptr<Pipeline> load_pipeline(const std::string& folder, const parallel::TpContext& tp,
                                         const PipelineOptions& options) {
-  if (!checkpoint::is_pipeline_folder(folder)) {
-    throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
-  }
-  const auto pf = checkpoint::open_pipeline_folder(folder);
+  const checkpoint::PipelineFolder pf = open_registered_folder(folder);
   const PipelineSpec* spec = find_pipeline_spec(pf.cls);
-  if (!spec) {
-    throw ConfigError(fmt::format("{}/model_index.json: _class_name '{}' is not a pipeline tprun can run (known: {})",
-                                  folder, pf.cls, fmt::join(pipeline_names(), ", ")),
-                      true);
-  }
   check_pipeline_components(pf);  // before the device map reads any component config
   return spec->load(folder, tp, resolve_device_map(pf, tp, options));
 }

@@ -28,17 +28,8 @@ int64_t PipelineLayout::image_tokens(int64_t height, int64_t width) const {
 bool has_pipeline_layout(const std::string& cls) { return find_pipeline_spec(cls) != nullptr; }
 
 PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions& options) {
-  // The refusals load_pipeline gives, in its words.
-  if (!checkpoint::is_pipeline_folder(folder)) {
-    throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
-  }
-  const auto pf = checkpoint::open_pipeline_folder(folder);
+  const checkpoint::PipelineFolder pf = open_registered_folder(folder);  // load_pipeline's refusals
   const PipelineSpec* spec = find_pipeline_spec(pf.cls);
-  if (!spec) {
-    throw ConfigError(fmt::format("{}/model_index.json: _class_name '{}' is not a pipeline tprun can run (known: {})",
-                                  folder, pf.cls, fmt::join(pipeline_names(), ", ")),
-                      true);
-  }
   check_pipeline_components(pf);
   const ComponentConfigs configs = read_component_configs(pf, *spec, options);
   const FamilyShapes shapes = spec->shapes(configs);

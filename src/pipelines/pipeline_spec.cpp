@@ -4,6 +4,12 @@
 #include <map>
 #include <memory>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "checkpoint/pipeline_folder.h"
+#include "runtime/error.h"
+
 namespace tprun::pipelines {
 namespace {
 
@@ -82,8 +88,14 @@ ComponentSpec scheduler_component(const std::vector<std::string>& classes) {
   return component("scheduler", ComponentRole::kScheduler, "diffusers", classes);
 }
 
-ComponentSpec text_encoder_component(const std::string& name, const std::vector<std::string>& classes) {
-  return component(name, ComponentRole::kTextEncoder, "transformers", classes);
+ComponentSpec text_encoder_component(const std::string& name, const std::vector<std::string>& classes,
+                                     TextSplit split,
+                                     std::function<std::vector<int64_t>(const ComponentConfigs&)> hidden_layers) {
+  ComponentSpec c = component(name, ComponentRole::kTextEncoder, "transformers", classes);
+  c.splittable = split != TextSplit::kNever;
+  c.split_by_default = split == TextSplit::kByDefault;
+  c.hidden_layers = std::move(hidden_layers);
+  return c;
 }
 
 ComponentSpec tokenizer_component(const std::string& name, const std::vector<std::string>& classes) {
@@ -95,6 +107,19 @@ ComponentSpec unused_component(const std::string& name, const std::string& libra
   ComponentSpec c = component(name, ComponentRole::kUnused, library, classes);
   c.required = false;
   return c;
+}
+
+checkpoint::PipelineFolder open_registered_folder(const std::string& folder) {
+  if (!checkpoint::is_pipeline_folder(folder)) {
+    throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
+  }
+  checkpoint::PipelineFolder pf = checkpoint::open_pipeline_folder(folder);
+  if (!find_pipeline_spec(pf.cls)) {
+    throw ConfigError(fmt::format("{}/model_index.json: _class_name '{}' is not a pipeline tprun can run (known: {})",
+                                  folder, pf.cls, fmt::join(pipeline_spec_names(), ", ")),
+                      true);
+  }
+  return pf;
 }
 
 const PipelineSpec* find_pipeline_spec(const std::string& cls) {

@@ -30,6 +30,10 @@
 #include "pipelines/request_checks.h"
 #include "pipelines/request_memory.h"
 
+namespace tprun::checkpoint {
+struct PipelineFolder;
+}
+
 namespace tprun::pipelines {
 
 class ComponentConfigs;
@@ -73,7 +77,7 @@ struct ComponentSpec {
 // What the pipeline's __call__ defaults to.
 struct CallDefaults {
   int64_t sample_size = 128;  // default_sample_size: height = width = this x the VAE's scale factor
-  int64_t steps = 28;
+  int64_t steps = 50;
   std::optional<double> guidance;
   double true_cfg_scale = 1.0;
   int64_t max_sequence_length = 512;
@@ -92,6 +96,10 @@ struct PipelineSpec {
   std::string cls;  // model_index.json's _class_name
   std::vector<ComponentSpec> components;
   CallDefaults defaults;
+  // Latent layout: 2x2 latent patches packed into the channels, so the
+  // transformer's in_channels must be 4 x the VAE's latent channels (checked
+  // with the configs, naming both files).
+  bool packs_2x2 = true;
   // Checks between the components' configs (CheckpointError naming both
   // files), run on every load and layout before any weight byte is read. The
   // configs of the text encoders are there only when they are loaded.
@@ -113,10 +121,20 @@ struct PipelineSpec {
 ComponentSpec transformer_component(const std::string& cls);
 ComponentSpec vae_component(const std::vector<std::string>& classes);
 ComponentSpec scheduler_component(const std::vector<std::string>& classes);
-ComponentSpec text_encoder_component(const std::string& name, const std::vector<std::string>& classes);
+// A text encoder: never split, split when shard_text_encoders asks, or split
+// unless shard_text_encoders = false; `hidden_layers` as ComponentSpec's.
+enum class TextSplit { kNever, kWhenAsked, kByDefault };
+ComponentSpec text_encoder_component(
+    const std::string& name, const std::vector<std::string>& classes, TextSplit split = TextSplit::kNever,
+    std::function<std::vector<int64_t>(const ComponentConfigs&)> hidden_layers = {});
 ComponentSpec tokenizer_component(const std::string& name, const std::vector<std::string>& classes);
 ComponentSpec unused_component(const std::string& name, const std::string& library,
                                const std::vector<std::string>& classes);
+
+// `folder`'s model_index.json, for a class with a registered spec. ConfigError
+// naming the folder for one that is not a pipeline folder, or naming the
+// class and the known ones.
+checkpoint::PipelineFolder open_registered_folder(const std::string& folder);
 
 using PipelineSpecFn = std::function<PipelineSpec()>;
 // The spec of a registered pipeline class, or nullptr.

@@ -22,16 +22,10 @@
 namespace tprun::pipelines {
 namespace {
 
-models::QwenImageConfig qwen_config(const ComponentConfigs& c) {
-  const ComponentConfig& t = c.at("transformer");
-  return models::QwenImageConfig::from_json(t.json, t.path);
-}
-
-// The transformer's 2x2 packing against the VAE; the text encoder (where read) against the transformer.
+// The transformer's 2x2 patches; the text encoder (where read) against the transformer.
 void qwen_image_cross_check(const ComponentConfigs& c) {
-  const models::QwenImageConfig q = qwen_config(c);
+  const auto q = c.parse<models::QwenImageConfig>("transformer");
   const std::string& transformer = c.at("transformer").path;
-  check_packed_channels(q.in_channels, transformer, c.vae().latent_channels, c.at("vae").path);
   if (q.patch != 2 || q.out_channels * q.patch * q.patch != q.in_channels) {
     throw CheckpointError(fmt::format("{}: a QwenImagePipeline packs 2x2 latent patches: patch_size must be 2 and "
                                       "out_channels x 4 = in_channels (got patch_size {}, out_channels {}, "
@@ -40,21 +34,18 @@ void qwen_image_cross_check(const ComponentConfigs& c) {
                           true);
   }
   if (!c.text_encoders()) return;
-  const ComponentConfig& te = c.at("text_encoder");
-  const auto ecfg = models::DecoderConfig::from_json(te.json, te.path);
-  if (ecfg.hidden_size != q.joint_dim) {
+  const int64_t hidden = c.parse<models::DecoderConfig>("text_encoder").hidden_size;
+  if (hidden != q.joint_dim) {
     throw CheckpointError(fmt::format("{}: joint_attention_dim {} is not the text encoder's hidden_size {} ({})",
-                                      transformer, q.joint_dim, ecfg.hidden_size, te.path),
+                                      transformer, q.joint_dim, hidden, c.at("text_encoder").path),
                           true);
   }
 }
 
 FamilyShapes qwen_image_shapes(const ComponentConfigs& c) {
-  const models::QwenImageConfig q = qwen_config(c);
-  FamilyShapes s;
-  s.transformer = {q.heads, q.head_dim, q.mlp_hidden(), q.mlp_hidden(), q.in_channels, q.joint_dim};
-  s.text_hidden = q.joint_dim;  // the text encoder's hidden size (checked equal)
-  return s;
+  const auto q = c.parse<models::QwenImageConfig>("transformer");
+  // A GELU MLP; the text encoder's hidden size (checked equal to joint_dim); no pooled embedding.
+  return {{q.heads, q.head_dim, q.mlp_hidden(), q.mlp_hidden(), q.in_channels, q.joint_dim}, q.joint_dim, 0};
 }
 
 // What QwenImagePipeline's requests may set: 1024 text tokens; no guidance
@@ -68,50 +59,30 @@ RequestOptions qwen_image_request_options(const checkpoint::PipelineFolder& pf) 
   return o;
 }
 
+// The last hidden state of the text encoder: every layer and the final norm.
+std::vector<int64_t> last_hidden_layer(const ComponentConfigs& c) {
+  return {c.parse<models::DecoderConfig>("text_encoder").layers};
+}
+
 // The annotations of QwenImagePipeline.__init__ (pipeline_qwenimage.py): the
 // Qwen2.5-VL language model split over the TP group unless
-// shard_text_encoders = false; its last hidden state (every layer and the
-// final norm; never the vision tower or lm_head).
+// shard_text_encoders = false (never its vision tower or lm_head); 50 steps,
+// true_cfg_scale 4.0, no guidance (diffusers 0.40.0 builds no guidance embedder).
 PipelineSpec qwen_image_spec() {
-  PipelineSpec s;
-  s.cls = QwenImagePipeline::kClass;
-  ComponentSpec te = text_encoder_component("text_encoder", {"Qwen2_5_VLForConditionalGeneration"});
-  te.splittable = te.split_by_default = true;
-  te.hidden_layers = [](const ComponentConfigs& c) {
-    const ComponentConfig& e = c.at("text_encoder");
-    return std::vector<int64_t>{models::DecoderConfig::from_json(e.json, e.path).layers};
-  };
-  s.components = {
-      transformer_component("QwenImageTransformer2DModel"),
-      vae_component({"AutoencoderKLQwenImage"}),
-      scheduler_component({"FlowMatchEulerDiscreteScheduler"}),
-      te,
-      tokenizer_component("tokenizer", {"Qwen2Tokenizer", "Qwen2TokenizerFast"}),
-  };
-  // guidance stays unset: diffusers 0.40.0 builds no guidance embedder.
-  s.defaults.steps = 50;
-  s.defaults.true_cfg_scale = 4.0;
-  s.cross_check = qwen_image_cross_check;
-  s.shapes = qwen_image_shapes;
-  s.request_options = qwen_image_request_options;
-  s.tokenize = QwenImageConditioner::tokenize;
-  s.load = [](const std::string& folder, const parallel::TpContext& tp, const PipelineOptions& options) {
-    return std::unique_ptr<Pipeline>(QwenImagePipeline::load(folder, tp, options));
-  };
-  return s;
+  return {QwenImagePipeline::kClass,
+          {transformer_component("QwenImageTransformer2DModel"), vae_component({"AutoencoderKLQwenImage"}),
+           scheduler_component({"FlowMatchEulerDiscreteScheduler"}),
+           text_encoder_component("text_encoder", {"Qwen2_5_VLForConditionalGeneration"}, TextSplit::kByDefault,
+                                  last_hidden_layer),
+           tokenizer_component("tokenizer", {"Qwen2Tokenizer", "Qwen2TokenizerFast"})},
+          CallDefaults{128, 50, std::nullopt, 4.0, 512}, true, qwen_image_cross_check, qwen_image_shapes,
+          qwen_image_request_options, QwenImageConditioner::tokenize, load_family<QwenImagePipeline>};
 }
 
 }  // namespace
 
-std::unique_ptr<QwenImagePipeline> QwenImagePipeline::load(const std::string& folder, const parallel::TpContext& tp,
-                                                           const PipelineOptions& options) {
-  auto p = std::unique_ptr<QwenImagePipeline>(new QwenImagePipeline());
-  const auto pf = checkpoint::open_pipeline_folder(folder);
-  const ComponentConfigs configs = p->begin_load(pf, tp, options);
-  p->text_ = std::make_unique<QwenImageConditioner>(configs, p->shapes_.transformer.joint_dim, p->ctx_.device,
-                                                    p->ctx_.dtype);
-  p->finish_load(pf, configs, options);
-  return p;
+void QwenImagePipeline::configure(const ComponentConfigs& configs, const PipelineOptions&) {
+  text_ = std::make_unique<QwenImageConditioner>(configs, shapes_.transformer.joint_dim, ctx_.device, ctx_.dtype);
 }
 
 static_assert(std::string_view(QwenImagePipeline::kClass) == kQwenImagePipelineClass);

@@ -50,16 +50,8 @@ class QwenImagePipeline final : public DiffusionPipeline {
  public:
   static constexpr const char* kClass = "QwenImagePipeline";
 
-  // `folder`: a diffusers QwenImagePipeline folder. Reads every config,
-  // checks that the components fit together (joint_attention_dim = the text
-  // encoder's hidden size, in_channels = 4 x the VAE's z_dim, the tokenizer
-  // covered by the encoder's vocabulary), validates the TP plans, then loads.
-  // Errors name the folder, component and field. options.denoiser false: the
-  // transformer and the VAE are not loaded (a staged job's encode phase).
-  static std::unique_ptr<QwenImagePipeline> load(const std::string& folder, const parallel::TpContext& tp,
-                                                 const PipelineOptions& options = {});
-
  private:
+  void configure(const ComponentConfigs& configs, const PipelineOptions& options) override;
   // True CFG: true_cfg_scale > 1 and a negative prompt (or its embeddings) given; norm rescale.
   bool true_cfg(const GenerationRequest& r) const override;
   double cfg_scale(const GenerationRequest& r) const override { return *r.true_cfg_scale; }
