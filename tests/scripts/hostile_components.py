@@ -297,13 +297,14 @@ def case_missing_component(work, cls, src, folders):
             shutil.rmtree(os.path.join(d, comp))
         d = copy_model(work, src, f"{cls}-no-{comp}-folder", gone)
         expect(f"{cls} {comp}/ missing (model_index.json names it)", generate_args(d, out), 4,
-               ["model_index.json", f"{comp}"])
+               [f"model_index.json: component '{comp}' (", "has no folder"])
 
         def unnamed(d, comp=comp):
             gone(d)
             edit_json(os.path.join(d, "model_index.json"), lambda j: j.pop(comp))
         d = copy_model(work, src, f"{cls}-no-{comp}", unnamed)
-        expect(f"{cls} {comp} missing from model_index.json too", generate_args(d, out), 4, [f"{comp}"])
+        expect(f"{cls} {comp} missing from model_index.json too", generate_args(d, out), 4,
+               [f"model_index.json names no '{comp}' component (a {cls} needs it)"])
     H.check(not os.path.exists(out), "no image was written")
 
 

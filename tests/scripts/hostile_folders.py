@@ -35,6 +35,7 @@ Cases (one ctest entry each; `hostile_folders.py TPRUN MPIRUN CASE`), besides ho
                "text_model."): `tprun forward --component text_encoder` equals transformers, and `tprun generate`
                equals the diffusers pipeline's image (1e-3).
 """
+import functools
 import json
 import os
 import re
@@ -46,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hostile_components  # noqa: E402
 from hostile_components import (components, copy_model, edit_json, every_pipeline, expect, generate_args,  # noqa: E402
                                  run, tokenize_args)
+from hostile_components import expect as expect_all  # noqa: E402
 from tprun_harness import Harness, run_cases  # noqa: E402
 
 H = None
@@ -76,6 +78,8 @@ def vae_scale_factor(folder):
 
 @every_pipeline()
 def case_vae_tiles(work, cls, src, folders):
+    """A refusal raised on one rank only leaves the others waiting: each refusal has 120 s."""
+    expect = functools.partial(expect_all, timeout=120)
     sf = vae_scale_factor(src)
     if not H.check(sf == 8, f"{cls}: the init-model VAE's scale factor is {sf} (the case assumes 8)"):
         return
