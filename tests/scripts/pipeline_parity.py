@@ -157,11 +157,14 @@ def compare(fam, label, got, png, ref_latents, ref_image):
 
 def case_registered(fam_classes):
     registered = registered_pipelines(H.tprun)
-    H.check(True, f"the binary registers {registered}")
+    print(f"the binary registers {registered}", flush=True)
     found = preset_folders(H.tprun, WORK, registered)  # SystemExit naming a class without a preset
     for cls in registered:
-        H.check(cls in found, f"{cls}: init-model --arch {found[cls][0]} writes its folder")
+        H.check(folder_class(found[cls][1]) == cls, f"{cls}: init-model --arch {found[cls][0]} writes its folder")
         H.check(cls in FAMILIES, f"{cls}: has a pipeline_families.py entry")
+        fam = FAMILIES.get(cls)
+        H.check(fam is None or bool(fam.variants and fam.token_cases),
+                f"{cls}: its entry has generate variants and tokenizer prompts")
     stale = [c for c in FAMILIES if c not in registered]
     H.check(not stale, f"every pipeline_families.py entry is a registered class (stale: {stale})")
 
