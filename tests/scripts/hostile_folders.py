@@ -164,21 +164,35 @@ def case_template_in_dev(work, cls, src, folders):
                np_=0)
 
 
+def tokens_used(folder, prompt):
+    """The most text tokens of `prompt` that reach the transformer through any of the folder's tokenizers, as
+    `tprun tokenize` counts them at max_sequence_length 512 ("..., 20 used, 20 before truncation")."""
+    r = subprocess.run([H.tprun, "tokenize", "--model", folder, "--prompt", prompt, "--max-sequence-length", "512"],
+                       capture_output=True, text=True)
+    used = [int(n) for n in re.findall(r"(\d+) used, \d+ before truncation", r.stdout)]
+    if r.returncode != 0 or not used:
+        raise SystemExit(f"FAIL: tokenize on {folder}: exit {r.returncode}\n{r.stdout[-500:]}{r.stderr[-500:]}")
+    return max(used)
+
+
 @every_pipeline()
 def case_truncation_warning(work, cls, src, folders):
     long_prompt = " ".join(["a red fox in fresh snow, watercolor"] * 20)
-    want = "truncated because `max_sequence_length` is set to 32 tokens"
+    # 32 tokens, or what "a fox" takes with the family's template (a system message: FLUX.2 [dev]'s 99 tokens).
+    n = max(32, tokens_used(src, "a fox"))
+    H.check(tokens_used(src, long_prompt) > n, f"{cls}: the long prompt is longer than {n} tokens, 'a fox' fits")
+    want = f"truncated because `max_sequence_length` is set to {n} tokens"
     rc, log = run(generate_args(src, os.path.join(work, f"{cls}-g.png"), prompt=long_prompt,
-                                extra=("--max-sequence-length", "32")), np_=2)
+                                extra=("--max-sequence-length", str(n))), np_=2)
     lines = [line for line in log.splitlines() if want in line]
     H.check(rc == 0 and len(lines) == 1 and "the prompt was truncated" in lines[0] and "tokens dropped" in lines[0],
             f"{cls} generate at tp 2: exit {rc}, {len(lines)} warning line(s) (want 1)\n" + "\n".join(lines[:3])
             + ("" if rc == 0 else log[-1500:]))
     manifest, outdir = write_manifest(
-        work, f"{cls}-trunc", src, "", requests=[{"id": "long-one", "prompt": long_prompt, "max_sequence_length": 32},
-                                                 {"id": "short-one", "prompt": "a fox", "max_sequence_length": 32},
+        work, f"{cls}-trunc", src, "", requests=[{"id": "long-one", "prompt": long_prompt, "max_sequence_length": n},
+                                                 {"id": "short-one", "prompt": "a fox", "max_sequence_length": n},
                                                  {"id": "long-two", "prompt": long_prompt + " again",
-                                                  "max_sequence_length": 32}])
+                                                  "max_sequence_length": n}])
     rc, log = run(["run", manifest], np_=2)
     per = {i: [line for line in log.splitlines() if want in line and f"request {i}:" in line]
            for i in ("long-one", "short-one", "long-two")}

@@ -321,16 +321,17 @@ def case_job(fam):
         for s in spec.sets:
             args += ["--set", s]
         rc, log = H.run(args, np_=4, timeout=600)
-        if not H.check(rc == 0, f"{os.path.basename(spec.manifest)} at dp 2 x tp 2, phases {phases}: exit {rc}"
+        what = phases or "the manifest's"
+        if not H.check(rc == 0, f"{os.path.basename(spec.manifest)} at dp 2 x tp 2, phases {what}: exit {rc}"
                        + ("" if rc == 0 else f": {log[-1500:]}")):
             return
         records = [json.loads(line) for line in open(os.path.join(out, "results.jsonl")) if line.strip()]
         H.check(len(records) == spec.requests and all(r["status"] == "done" for r in records)
-                and f"{spec.requests} run (0 failed)" in log, f"{phases}: {len(records)} requests, all done")
+                and f"{spec.requests} run (0 failed)" in log, f"phases {what}: {len(records)} requests, all done")
         if spec.cache_saved:
             saved = [line for line in log.splitlines() if "saved by the embeddings cache" in line]
             H.check(bool(saved) and " 0 saved" not in saved[0],
-                    f"{phases} summary: " + (saved[0].split("] ")[-1] if saved else "missing"))
+                    f"phases {what}, summary: " + (saved[0].split("] ")[-1] if saved else "missing"))
         outs[phases] = (out, args, records)
     first, (out, args, records) = spec.phases[0], outs[spec.phases[-1]]
     names = sorted(os.listdir(os.path.join(outs[first][0], "images")))
