@@ -467,6 +467,8 @@ def main():
         for target in targets or registered_pipelines(H.tprun):
             cls, _, variant = target.partition(":")
             print(f"---- {case} {target}", flush=True)
+            WORK = os.path.join(work, target.replace(":", "-"))  # each family's files apart
+            os.makedirs(WORK, exist_ok=True)
             run_family_case(case, family(cls), variant or None, named)
     if case != "registered" and case not in CASES:
         raise SystemExit(f"usage: pipeline_parity.py TPRUN MPIRUN CASE [CLASS[:VARIANT] ...]; CASE: registered, "
