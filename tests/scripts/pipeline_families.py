@@ -103,6 +103,8 @@ class Family:
 
 PROMPT = "a red fox in fresh snow, watercolor"
 NEGATIVE = "blurry, low quality"
+# A short and a long prompt, batched (the short one's text padded, and masked where the family masks).
+TWO_LENGTHS = Batch(("a cat", "a lighthouse on a cliff at dusk, oil painting, warm light, long shadows"), (5, 6))
 
 
 # ---- FLUX.1 --------------------------------------------------------------------------------------------
@@ -316,7 +318,7 @@ FAMILIES = {f.cls: f for f in [
         tolerance={"latents": 1e-3, "image": 1e-3, "png": None},
         refusals="FLUX.1's folder refusals are hostile_folders.py's (component classes, tokenizers, truncation)",
         job="FLUX.1 jobs are run_job_cases.py's model (determinism at every dp x tp, resume, batches)",
-        batch=Batch(("a cat", "a lighthouse on a cliff at dusk, oil painting, warm light, long shadows"), (5, 6)),
+        batch=TWO_LENGTHS,
         long_prompt="FluxPipeline's T5 stops at 512 tokens (the default is the limit)",
         vocab={"tokenizer": "text_encoder", "tokenizer_2": "text_encoder_2"},
         vocab_exact=("tokenizer",),
@@ -341,7 +343,7 @@ FAMILIES = {f.cls: f for f in [
                 # batch_size 1: a batched image may differ from the unbatched one by float rounding, and this
                 # check is about the cache (a hit must give the bytes a fresh encode gives).
                 sets=("output.batch_size=1",), cache_saved=True, alone="fox-seed-2"),
-        batch=Batch(("a cat", "a lighthouse on a cliff at dusk, oil painting, warm light, long shadows"), (5, 6)),
+        batch=TWO_LENGTHS,
         long_prompt="Flux2KleinPipeline's max_sequence_length is at most 512",
         vocab={"tokenizer": "text_encoder"},
     ),
@@ -353,7 +355,7 @@ FAMILIES = {f.cls: f for f in [
         tolerance={"latents": 1e-3, "image": 1e-3, "png": None},
         refusals="Flux2Pipeline's folder refusals are hostile_folders.py's (template_in_dev, pixtral_tokenizer_class)",
         job="the FLUX.2 job is Flux2KleinPipeline's (the same job runner and cache); dev's is staged_cases.py's",
-        batch=Batch(("a cat", "a lighthouse on a cliff at dusk, oil painting, warm light, long shadows"), (5, 6)),
+        batch=TWO_LENGTHS,
         long_prompt="Flux2Pipeline's max_sequence_length is at most 512",
         vae_forward="the same AutoencoderKLFlux2 as Flux2KleinPipeline's (its components case)",
         vocab={"tokenizer": "text_encoder"},
@@ -378,7 +380,7 @@ FAMILIES = {f.cls: f for f in [
                     extra=("--max-sequence-length", "1025"), steps=2),
         ],
         job=Job(os.path.join(ROOT, "jobs", "qwen-image-demo.toml"), 8, phases=("together", "staged")),
-        batch=Batch(("a cat", "a lighthouse on a cliff at dusk, oil painting, warm light, long shadows"), (5, 6)),
+        batch=TWO_LENGTHS,
         long_prompt=600,
         vae_forward="AutoencoderKLQwenImage's forward is qwen_image_vae_parity.py's (single-frame 5-D latents)",
         vocab={"tokenizer": "text_encoder"},
