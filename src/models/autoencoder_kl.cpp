@@ -243,7 +243,6 @@ VaeInfo info_of(const VaeConfig& config) {
   info.spatial_scale = config.scale_factor();
   info.default_tile_sample = config.sample_size;
   info.force_upcast = config.force_upcast;
-  info.whole_latent_tiles = true;
   const auto& channels =
       config.decoder_block_out_channels.empty() ? config.block_out_channels : config.decoder_block_out_channels;
   info.decoder_channels.assign(channels.rbegin(), channels.rend());

@@ -50,10 +50,6 @@ struct VaeInfo {
   int64_t temporal_scale = 1;             // 1 for image VAEs
   int64_t default_tile_sample = 0;        // tile side (px) when [memory] vae_tile_sample_size is unset
   bool force_upcast = false;              // a 16-bit compute dtype runs this VAE in fp32
-  // Its tiling cuts tiles in whole latents: [memory] vae_tile_sample_size must
-  // be a multiple of spatial_scale (checked before any weight is read;
-  // AutoencoderKL's tiling, not AutoencoderKLQwenImage's).
-  bool whole_latent_tiles = false;
   int64_t sample_channels = 3;            // channels of the images it encodes
   bool frame_axis = false;                // latents and samples are [B, C, F, h, w] (3-D VAEs)
   std::vector<int64_t> decoder_channels;  // per level, lowest resolution first
@@ -68,8 +64,9 @@ VaeShape vae_shape(const VaeInfo& info, const std::string& compute_dtype, const 
                    const memory::MemoryOptions& memory);
 
 // A tile of `tile_sample` px at a stride of int(tile x (1 - overlap)) px must
-// hold a latent and move by one (the rule of a VAE without whole_latent_tiles,
-// AutoencoderKLQwenImage's): ConfigError naming `config_path` otherwise.
+// hold a latent and move by one (AutoencoderKLQwenImage's load; a pipeline
+// also holds every VAE's tiles to whole latents first, pipelines/
+// component_check.h): ConfigError naming `config_path` otherwise.
 void check_vae_tile_stride(int64_t tile_sample, double overlap, int64_t scale_factor, const std::string& config_path);
 
 using VaeInfoReader = std::function<VaeInfo(const nlohmann::json& config, const std::string& config_path)>;

@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include "checkpoint/pipeline_folder.h"
-#include "memory/memory_options.h"
 #include "models/model_config.h"
 #include "pipelines/component_check.h"
 #include "pipelines/pipeline_spec.h"
@@ -50,15 +49,9 @@ ComponentConfigs read_component_configs(const checkpoint::PipelineFolder& pf, co
       cc.json = models::read_component_config(cc.folder, &cc.path);
       if (role == ComponentRole::kVae) {
         c.vae_ = models::read_vae_info(cc.json, cc.path);
-        // The VAE's tile rule on every rank, before any weight (only the ranks that decode load it).
-        const memory::MemoryOptions& mem = options.component_base.memory;
-        if (c.vae_.whole_latent_tiles) {
-          check_vae_tiles(mem, c.vae_.spatial_scale, c.vae_.default_tile_sample, cc.path);
-        } else if (mem.vae_tiling) {
-          models::check_vae_tile_stride(mem.vae_tile_sample_size > 0 ? mem.vae_tile_sample_size
-                                                                     : c.vae_.default_tile_sample,
-                                        mem.vae_tile_overlap, c.vae_.spatial_scale, cc.path);
-        }
+        // [memory] tiles in whole latents, on every rank before any weight (only the ranks that decode load
+        // the VAE, so a refusal of its own load would leave the others waiting).
+        check_vae_tiles(options.component_base.memory, c.vae_.spatial_scale, c.vae_.default_tile_sample, cc.path);
       }
       c.read_[s.name] = std::move(cc);
     }
