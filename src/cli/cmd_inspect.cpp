@@ -246,7 +246,7 @@ int run_inspect(const std::string& path, int tp, bool json, const std::string& v
     out["class"] = pipe.cls;
     // Each component as the pipeline loads it (its hidden-layer cut, the VAE's decoder).
     std::optional<pipelines::PipelineLayout> layout;
-    if (pipelines::has_pipeline_layout(pipe.cls)) {
+    if (pipelines::find_pipeline_spec(pipe.cls)) {
       pipelines::PipelineOptions options;
       options.variant = variant;
       try {

@@ -75,8 +75,6 @@ void check_config_class(const std::string& pipeline, const std::string& name, co
 
 }  // namespace
 
-bool has_component_spec(const std::string& pipeline) { return find_pipeline_spec(pipeline) != nullptr; }
-
 void check_pipeline_components(const checkpoint::PipelineFolder& pf) {
   const PipelineSpec* spec = find_pipeline_spec(pf.cls);
   if (!spec) {

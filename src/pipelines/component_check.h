@@ -32,8 +32,6 @@ namespace tprun::pipelines {
 // is an internal error here, never a folder that goes unchecked.
 void check_pipeline_components(const checkpoint::PipelineFolder& pf);
 
-// Whether `pipeline` (a model_index.json _class_name) has a registered spec.
-bool has_component_spec(const std::string& pipeline);
 
 // [memory] vae_tiling's tiles against the VAE (its scale factor, and its
 // config's sample_size when vae_tile_sample_size is unset), in pixels, as

@@ -56,8 +56,9 @@ ComponentConfigs read_component_configs(const checkpoint::PipelineFolder& pf, co
       c.read_[s.name] = std::move(cc);
     }
   }
+  c.shapes_ = spec.shapes(c);
   if (spec.packs_2x2) {
-    check_packed_channels(spec.shapes(c).transformer.in_channels, c.at("transformer").path, c.vae_.latent_channels,
+    check_packed_channels(c.shapes_.transformer.in_channels, c.at("transformer").path, c.vae_.latent_channels,
                           c.at("vae").path);
   }
   if (spec.cross_check) spec.cross_check(c);

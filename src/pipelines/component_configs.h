@@ -18,6 +18,7 @@
 #include "models/model.h"
 #include "models/vae.h"
 #include "pipelines/pipeline.h"
+#include "pipelines/pipeline_spec.h"
 
 namespace tprun::checkpoint {
 struct PipelineComponent;
@@ -26,8 +27,6 @@ struct PipelineFolder;
 
 namespace tprun::pipelines {
 
-struct ComponentSpec;
-struct PipelineSpec;
 
 // The component `name` of `folder`; CheckpointError "model_index.json names
 // no 'x' component (a <class> needs it)" when it has none.
@@ -57,6 +56,8 @@ class ComponentConfigs {
   const models::VaeInfo& vae() const { return vae_; }
   // Whether the load reads the text encoders (PipelineOptions::text_encoders).
   bool text_encoders() const { return text_encoders_; }
+  // The family's shapes (PipelineSpec::shapes), read once with the configs.
+  const FamilyShapes& shapes() const { return shapes_; }
 
  private:
   friend ComponentConfigs read_component_configs(const checkpoint::PipelineFolder&, const PipelineSpec&,
@@ -65,6 +66,7 @@ class ComponentConfigs {
   std::map<std::string, ComponentConfig> read_;
   models::VaeInfo vae_;
   bool text_encoders_ = true;
+  FamilyShapes shapes_;
 };
 
 // The transformer's and the VAE's configs, the text encoders' where

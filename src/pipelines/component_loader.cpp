@@ -12,27 +12,19 @@
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
-namespace {
-
-// Whether this load holds `c` on TP rank `tp_rank`.
-bool holds(const ComponentSpec& c, const PipelineOptions& options, int tp_rank) {
-  switch (c.role) {
-    case ComponentRole::kTransformer: return options.denoiser;
-    case ComponentRole::kTextEncoder: return options.text_encoders;
-    case ComponentRole::kVae: return options.denoiser && rank_holds_vae(tp_rank, options);
-    default: return false;
-  }
-}
-
-}  // namespace
 
 void LoadedComponents::wrong_class(const std::string& name) const {
   throw Error(Error::Kind::Internal,
               fmt::format("the pipeline's component '{}' loaded as a class its family does not run", name));
 }
 
-bool rank_holds_vae(int tp_rank, const PipelineOptions& options) {
-  return options.decode_on_every_rank || tp_rank == 0;
+bool component_held(const ComponentSpec& c, const PipelineOptions& options, int tp_rank) {
+  switch (c.role) {
+    case ComponentRole::kTransformer: return options.denoiser;
+    case ComponentRole::kTextEncoder: return options.text_encoders;
+    case ComponentRole::kVae: return options.denoiser && (options.decode_on_every_rank || tp_rank == 0);
+    default: return false;
+  }
 }
 
 LoadedComponents load_components(const checkpoint::PipelineFolder& pf, const PipelineSpec& spec,
@@ -56,7 +48,7 @@ LoadedComponents load_components(const checkpoint::PipelineFolder& pf, const Pip
   }
   LoadedComponents out;
   for (const ComponentSpec* c : order) {
-    if (!holds(*c, options, tp.rank)) continue;
+    if (!component_held(*c, options, tp.rank)) continue;
     const ComponentConfig& cc = configs.at(c->name);
     auto source = checkpoint::open_weight_source(cc.folder, options.variant);
     const parallel::TpContext group = component_split(*c, options) ? tp : parallel::TpContext{};

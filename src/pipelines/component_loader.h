@@ -21,6 +21,7 @@ struct PipelineFolder;
 namespace tprun::pipelines {
 
 class ComponentConfigs;
+struct ComponentSpec;
 struct PipelineSpec;
 
 class LoadedComponents {
@@ -46,9 +47,11 @@ class LoadedComponents {
   std::map<std::string, std::unique_ptr<models::Model>> models_;
 };
 
-// Whether TP rank `tp_rank` holds `role`'s component under `options`
-// (the VAE: rank 0, or every rank with decode_on_every_rank).
-bool rank_holds_vae(int tp_rank, const PipelineOptions& options);
+// Whether TP rank `tp_rank` holds the model component `c` in a load with
+// `options`: the text encoders with options.text_encoders, the transformer
+// with options.denoiser, the VAE with it on rank 0 (every rank with
+// decode_on_every_rank).
+bool component_held(const ComponentSpec& c, const PipelineOptions& options, int tp_rank);
 
 // Loads what `options` asks for (text encoders; the transformer and the VAE
 // with options.denoiser). Errors name the component's files.

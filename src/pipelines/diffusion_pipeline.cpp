@@ -67,7 +67,7 @@ void DiffusionPipeline::load_folder(const std::string& folder, const parallel::T
   check_pipeline_components(pf);
   // Configs first: every cross-component check before any weight byte is read.
   const ComponentConfigs configs = read_component_configs(pf, *spec_, options);
-  shapes_ = spec_->shapes(configs);
+  shapes_ = configs.shapes();
   vae_scale_ = configs.vae().spatial_scale;
   scheduler_ = FlowMatchSchedulerConfig::from_file(need_component(pf, "scheduler").path + "/scheduler_config.json");
   request_ = request_options(pf);

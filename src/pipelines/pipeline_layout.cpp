@@ -25,14 +25,12 @@ int64_t PipelineLayout::image_tokens(int64_t height, int64_t width) const {
   return image_seq_len(height, width, vae_scale_factor);
 }
 
-bool has_pipeline_layout(const std::string& cls) { return find_pipeline_spec(cls) != nullptr; }
-
 PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions& options) {
   const checkpoint::PipelineFolder pf = open_registered_folder(folder);  // load_pipeline's refusals
   const PipelineSpec* spec = find_pipeline_spec(pf.cls);
   check_pipeline_components(pf);
   const ComponentConfigs configs = read_component_configs(pf, *spec, options);
-  const FamilyShapes shapes = spec->shapes(configs);
+  const FamilyShapes& shapes = configs.shapes();
 
   PipelineLayout l;
   l.cls = pf.cls;
@@ -45,11 +43,10 @@ PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions&
   l.vae_scale_factor = vae.spatial_scale;
   l.defaults = spec->defaults.request(l.vae_scale_factor);
   for (const ComponentSpec* c : spec->models_in_load_order()) {
-    const bool loaded = c->role == ComponentRole::kTextEncoder ? options.text_encoders : options.denoiser;
-    if (!loaded) continue;
+    if (!component_held(*c, options, 0)) continue;  // TP rank 0 holds whatever the load holds
     ComponentLayout cl;
     cl.name = c->name;
-    cl.path = need_component(pf, c->name).path;
+    cl.path = configs.at(c->name).folder;
     cl.phase = c->phase();
     cl.options = component_load_options(*c, configs, options);
     if (c->role == ComponentRole::kVae) cl.options.dtype = vae_dtype;  // the dtype it computes in
@@ -57,7 +54,7 @@ PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions&
       cl.class_skip = family->class_skip;
     }
     cl.sharded = component_split(*c, options);
-    cl.rank_zero_only = c->role == ComponentRole::kVae && !rank_holds_vae(1, options);
+    cl.rank_zero_only = c->role == ComponentRole::kVae && !options.decode_on_every_rank;
     l.components.push_back(std::move(cl));
   }
   return l;

@@ -63,7 +63,5 @@ struct PipelineLayout {
 // a pipeline or a class tprun cannot run; the components checked as
 // load_pipeline checks them.
 PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions& options);
-// Whether `cls` has a registered pipeline spec (and so a layout).
-bool has_pipeline_layout(const std::string& cls);
 
 }  // namespace tprun::pipelines

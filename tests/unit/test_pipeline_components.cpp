@@ -31,7 +31,6 @@ TEST(PipelineComponents, EveryRegisteredPipelineHasATable) {
   const auto names = pipeline_names();
   ASSERT_GE(names.size(), 4u);
   for (const auto& cls : names) {
-    EXPECT_TRUE(has_component_spec(cls)) << cls << " has no spec";
     const PipelineSpec* spec = find_pipeline_spec(cls);
     ASSERT_NE(spec, nullptr) << cls;
     EXPECT_EQ(spec->cls, cls);
