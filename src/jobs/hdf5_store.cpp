@@ -173,8 +173,9 @@ Hdf5Store::Hdf5Store(const std::string& out_dir, bool images, bool latents, cons
       };
       if (images) make("images/" + r.id, H5T_NATIVE_UINT8, image_dims(r.gen));
       if (latents) {
-        make("latents/" + r.id, H5T_NATIVE_FLOAT,
-             {static_cast<hsize_t>(sr.latent_tokens), static_cast<hsize_t>(sr.latent_channels)});
+        std::vector<hsize_t> dims;
+        for (int64_t d : sr.latent_shape) dims.push_back(static_cast<hsize_t>(d));
+        make("latents/" + r.id, H5T_NATIVE_FLOAT, dims);
       }
     }
     check_rc(H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL), where, "H5Fflush");

@@ -40,7 +40,7 @@ namespace tprun::jobs {
 
 struct StoreRequest {
   const JobRequest* request = nullptr;
-  int64_t latent_tokens = 0, latent_channels = 0;  // packed latents shape
+  std::vector<int64_t> latent_shape;  // Pipeline::request_latent_shape: packed [tokens, channels] or a video's [C, F, h, w]
 };
 
 class Hdf5Store {

@@ -388,8 +388,7 @@ void JobRun::schedule() {
     std::vector<StoreRequest> srs;
     for (const JobRequest* r : todo_) {
       if (!runnable_.count(r)) continue;
-      const auto shape = pipe_->request_latent_shape(r->gen);
-      srs.push_back({r, shape[0], shape[1]});
+      srs.push_back({r, pipe_->request_latent_shape(r->gen)});
     }
     store_ = std::make_unique<Hdf5Store>(out_dir_.string(), m.hdf5, m.latents, srs, control_, MPI_COMM_WORLD);
   }

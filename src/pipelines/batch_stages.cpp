@@ -7,7 +7,6 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
-#include "pipelines/flow_match_scheduler.h"
 #include "runtime/error.h"
 
 namespace tprun::pipelines {
@@ -40,30 +39,36 @@ at::Tensor stack_batch(const std::vector<at::Tensor>& tensors, const char* what)
   return tensors.size() == 1 ? tensors.front() : at::cat(tensors, 0);
 }
 
-at::Tensor denoise(const TransformerCall& transformer, const FlowMatchEulerDiscreteScheduler& scheduler,
+at::Tensor denoise(const StepPlan& plan, const std::vector<float>& timesteps, const SchedulerStep& step,
                    at::Tensor latents, models::TensorMap& inputs, models::TensorMap* negative_inputs,
-                   double cfg_scale, const StepCallback& on_step, StageTimes& times, CfgRescale rescale) {
-  const auto& timesteps = scheduler.timesteps();
+                   const DenoiseStyle& style, const StepCallback& on_step, StageTimes& times, int64_t first,
+                   int64_t end) {
   const int64_t steps = static_cast<int64_t>(timesteps.size()), batch = latents.size(0);
+  if (end < 0) end = steps;
   const auto fopts = at::TensorOptions().dtype(at::kFloat).device(latents.device());
-  for (int64_t i = 0; i < steps; ++i) {
+  for (int64_t i = first; i < end; ++i) {
     const auto t0 = Clock::now();
-    const at::Tensor t = at::full({batch}, timesteps[static_cast<size_t>(i)], fopts).to(latents.scalar_type()) / 1000;
-    inputs["hidden_states"] = latents;
+    const float ts = timesteps[static_cast<size_t>(i)];
+    const at::Tensor t = style.timestep_thousandths ? at::full({batch}, ts, fopts).to(latents.scalar_type()) / 1000
+                                                    : at::full({batch}, ts, fopts);
+    const at::Tensor x =
+        style.input_dtype && *style.input_dtype != latents.scalar_type() ? latents.to(*style.input_dtype) : latents;
+    const DenoiseStep run = plan(i, ts);
+    inputs["hidden_states"] = x;
     inputs["timestep"] = t;
-    at::Tensor noise = transformer(inputs);
+    at::Tensor noise = (*run.transformer)(inputs);
     if (negative_inputs) {
-      (*negative_inputs)["hidden_states"] = latents;
+      (*negative_inputs)["hidden_states"] = x;
       (*negative_inputs)["timestep"] = t;
-      const at::Tensor neg = transformer(*negative_inputs);
-      at::Tensor comb = neg + cfg_scale * (noise - neg);
-      if (rescale == CfgRescale::kCondNorm) {
+      const at::Tensor neg = (*run.transformer)(*negative_inputs);
+      at::Tensor comb = neg + run.cfg_scale * (noise - neg);
+      if (style.rescale == CfgRescale::kCondNorm) {
         // torch.norm(x, dim=-1, keepdim=True): the 2-norm over the channels.
         comb = comb * (at::linalg_vector_norm(noise, 2, {-1}, true) / at::linalg_vector_norm(comb, 2, {-1}, true));
       }
       noise = comb;
     }
-    latents = scheduler.step(noise, i, latents);
+    latents = step(noise, i, latents);
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     times.step_s.push_back(secs);
     if (on_step) on_step(i, steps, secs);
@@ -97,12 +102,23 @@ at::Tensor decoded_frames(const at::Tensor& x) {
 
 }  // namespace
 
-std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t height, int64_t width, int64_t steps,
-                                           const std::string& dtype_name, const LatentDecoder& decode,
-                                           StageTimes times) {
+namespace {
+
+// The decoded frames of one result into `out`: float [F, H, W, 3], bytes, F.
+void set_frames(GenerationResult& out, const at::Tensor& decoded) {
+  const at::Tensor image = decoded_frames(decoded);
+  const at::Tensor bytes = (image * 255).round().to(at::kByte).contiguous();
+  out.rgb.assign(bytes.data_ptr<uint8_t>(), bytes.data_ptr<uint8_t>() + bytes.numel());
+  out.frames = image.size(0);
+  out.image = std::make_shared<at::Tensor>(image);
+}
+
+// Per result: sizes, the NaN/Inf check (error set) or the latents kept.
+// Returns the indices of the finite results.
+std::vector<int64_t> check_results(std::vector<GenerationResult>& res, const at::Tensor& latents, int64_t height,
+                                   int64_t width, int64_t steps, const std::string& dtype_name) {
   const int64_t batch = latents.size(0);
-  std::vector<GenerationResult> res(static_cast<size_t>(batch));
-  const auto t0 = Clock::now();
+  std::vector<int64_t> finite;
   for (int64_t b = 0; b < batch; ++b) {
     GenerationResult& out = res[static_cast<size_t>(b)];
     out.height = height;
@@ -114,21 +130,56 @@ std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t he
       continue;
     }
     out.latents = std::make_shared<at::Tensor>(lat);
-    if (!decode) continue;
-    const at::Tensor image = decoded_frames(decode(lat));
-    const at::Tensor bytes = (image * 255).round().to(at::kByte).contiguous();
-    out.rgb.assign(bytes.data_ptr<uint8_t>(), bytes.data_ptr<uint8_t>() + bytes.numel());
-    out.frames = image.size(0);
-    out.image = std::make_shared<at::Tensor>(image);
+    finite.push_back(b);
   }
-  if (decode) times.decode_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double share = 1.0 / static_cast<double>(batch);
+  return finite;
+}
+
+// Each result charged an equal share of the batch's stage times.
+void share_times(std::vector<GenerationResult>& res, const StageTimes& times) {
+  const double share = 1.0 / static_cast<double>(res.size());
   for (auto& out : res) {
     out.times.encode_s = times.encode_s * share;
     out.times.decode_s = times.decode_s * share;
     for (double s : times.step_s) out.times.step_s.push_back(s * share);
-    out.batch_size = batch;
+    out.batch_size = static_cast<int64_t>(res.size());
   }
+}
+
+}  // namespace
+
+std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t height, int64_t width, int64_t steps,
+                                           const std::string& dtype_name, const LatentDecoder& decode,
+                                           StageTimes times) {
+  std::vector<GenerationResult> res(static_cast<size_t>(latents.size(0)));
+  const auto t0 = Clock::now();
+  for (int64_t b : check_results(res, latents, height, width, steps, dtype_name)) {
+    if (decode) set_frames(res[static_cast<size_t>(b)], decode(*res[static_cast<size_t>(b)].latents));
+  }
+  if (decode) times.decode_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  share_times(res, times);
+  return res;
+}
+
+std::vector<GenerationResult> finish_batch_together(const at::Tensor& latents, int64_t height, int64_t width,
+                                                    int64_t steps, const std::string& dtype_name,
+                                                    const BatchDecoder& decode, StageTimes times) {
+  std::vector<GenerationResult> res(static_cast<size_t>(latents.size(0)));
+  const auto t0 = Clock::now();
+  const std::vector<int64_t> finite = check_results(res, latents, height, width, steps, dtype_name);
+  if (decode && !finite.empty()) {
+    std::vector<at::Tensor> parts;
+    for (int64_t b : finite) parts.push_back(*res[static_cast<size_t>(b)].latents);
+    const at::Tensor decoded = decode(parts.size() == 1 ? parts.front() : at::cat(parts, 0));
+    if (decoded.defined()) {
+      for (size_t k = 0; k < finite.size(); ++k) {
+        set_frames(res[static_cast<size_t>(finite[k])], decoded.slice(0, static_cast<int64_t>(k),
+                                                                      static_cast<int64_t>(k) + 1));
+      }
+    }
+    times.decode_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  share_times(res, times);
   return res;
 }
 

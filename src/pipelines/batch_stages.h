@@ -3,21 +3,22 @@
 // pipeline shares, whatever its encoders, latents and conditioning:
 //   prepare_batch   check each request, fill its defaults, refuse mixed batch keys
 //   stack_batch     per-request tensors (embeddings, latents) as one batch
-//   denoise         the Euler loop, with true CFG when a negative input is given
+//   denoise         the scheduler loop, with CFG when a negative input is given, a transformer per step
 //   finish_batch    per result: NaN/Inf check, decode (an image or frames), 8-bit RGB; stage times shared
 // A family supplies only what differs: its transformer call and its decoder.
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <c10/core/ScalarType.h>
 
 #include "models/tensor_map.h"
 #include "pipelines/pipeline.h"
 
 namespace tprun::pipelines {
-
-class FlowMatchEulerDiscreteScheduler;
 
 // Every request checked (RequestError) and given the pipeline's defaults;
 // internal error when two requests have different batch keys.
@@ -35,15 +36,37 @@ using TransformerCall = std::function<at::Tensor(const models::TensorMap& inputs
 // (QwenImagePipeline).
 enum class CfgRescale { kNone, kCondNorm };
 
-// The denoising loop over the scheduler's timesteps: `inputs` gets
-// hidden_states and timestep (t / 1000, batch-sized) each step. With
-// `negative_inputs` non-null, true CFG: neg + scale * (pos - neg), then
-// `rescale`. Appends each step's seconds to times.step_s and calls on_step.
-// Returns the final latents.
-at::Tensor denoise(const TransformerCall& transformer, const FlowMatchEulerDiscreteScheduler& scheduler,
+// What one denoising step runs: the transformer (Wan 2.2 A14B: the expert
+// of this timestep) and, with CFG, its scale.
+struct DenoiseStep {
+  const TransformerCall* transformer = nullptr;
+  double cfg_scale = 1.0;
+};
+// The step plan: step i at scheduler timestep t.
+using StepPlan = std::function<DenoiseStep(int64_t i, float t)>;
+// One scheduler step: (prediction, step index, latents) -> latents.
+using SchedulerStep = std::function<at::Tensor(const at::Tensor& prediction, int64_t i, const at::Tensor& latents)>;
+
+// How the transformer sees the timestep and the latents.
+struct DenoiseStyle {
+  // true: t / 1000 in the latents' dtype (the flow-matching MMDiTs); false:
+  // the scheduler's t itself in fp32 (WanPipeline passes t.expand(batch)).
+  bool timestep_thousandths = true;
+  // hidden_states cast to this dtype each step while the latents stay in
+  // their own (WanPipeline: fp32 latents, the transformer's dtype in); nullopt: as they are.
+  std::optional<c10::ScalarType> input_dtype;
+  CfgRescale rescale = CfgRescale::kNone;
+};
+
+// The denoising loop over `timesteps`, steps [first, end) (end -1: all):
+// `inputs` gets hidden_states and timestep (batch-sized) each step. With
+// `negative_inputs` non-null, CFG: neg + scale * (pos - neg), then the
+// style's rescale. Appends each step's seconds to times.step_s and calls
+// on_step(i, total steps). Returns the latents after step end - 1.
+at::Tensor denoise(const StepPlan& plan, const std::vector<float>& timesteps, const SchedulerStep& step,
                    at::Tensor latents, models::TensorMap& inputs, models::TensorMap* negative_inputs,
-                   double cfg_scale, const StepCallback& on_step, StageTimes& times,
-                   CfgRescale rescale = CfgRescale::kNone);
+                   const DenoiseStyle& style, const StepCallback& on_step, StageTimes& times, int64_t first = 0,
+                   int64_t end = -1);
 
 // One result's packed latents [1, tokens, C] -> the decoded image [1, 3, H, W]
 // or frames [1, 3, F, H, W] (a video VAE's layout), in [-1, 1] (any float dtype).
@@ -62,6 +85,18 @@ std::string non_finite_hint(const std::string& dtype_name);
 std::vector<GenerationResult> finish_batch(const at::Tensor& latents, int64_t height, int64_t width, int64_t steps,
                                            const std::string& dtype_name, const LatentDecoder& decode,
                                            StageTimes times);
+
+// A batch's latents (the results without NaN/Inf, stacked on dim 0) ->
+// decoded [n, 3, H, W] or [n, 3, F, H, W] in [-1, 1], called on every rank
+// of a decode split over the TP group; an undefined tensor on a rank that
+// gets no output.
+using BatchDecoder = std::function<at::Tensor(const at::Tensor& latents)>;
+
+// finish_batch with one decode of every finite result together (`decode`
+// set on every rank that joins it; results get frames only where it gives them).
+std::vector<GenerationResult> finish_batch_together(const at::Tensor& latents, int64_t height, int64_t width,
+                                                    int64_t steps, const std::string& dtype_name,
+                                                    const BatchDecoder& decode, StageTimes times);
 
 // The tokens a prompt lost to truncation, carried next to its embeddings in
 // encode_prompt's (cached) TensorMap under `key`; 0 when there is none.

@@ -44,6 +44,7 @@ ComponentConfigs read_component_configs(const checkpoint::PipelineFolder& pf, co
     if (role == ComponentRole::kTextEncoder && !options.text_encoders) continue;
     for (const auto& s : spec.components) {
       if (s.role != role) continue;
+      if (!s.required && !pf.find(s.name)) continue;  // an optional component the folder does not have
       ComponentConfig cc;
       cc.folder = need_component(pf, s.name).path;
       cc.json = models::read_component_config(cc.folder, &cc.path);

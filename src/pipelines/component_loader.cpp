@@ -22,7 +22,7 @@ bool component_held(const ComponentSpec& c, const PipelineOptions& options, int 
   switch (c.role) {
     case ComponentRole::kTransformer: return options.denoiser;
     case ComponentRole::kTextEncoder: return options.text_encoders;
-    case ComponentRole::kVae: return options.denoiser && (options.decode_on_every_rank || tp_rank == 0);
+    case ComponentRole::kVae: return options.denoiser && (options.decode_on_every_rank || c.every_rank || tp_rank == 0);
     default: return false;
   }
 }
@@ -40,7 +40,7 @@ LoadedComponents load_components(const checkpoint::PipelineFolder& pf, const Pip
   for (const ComponentSpec* c : order)
     if (c->role != ComponentRole::kTextEncoder) plans.push_back(c);
   for (const ComponentSpec* c : plans) {
-    if (!component_split(*c, options)) continue;
+    if (!component_split(*c, options) || !configs.has(c->name)) continue;
     if (c->role == ComponentRole::kTextEncoder && !options.text_encoders) continue;
     const ComponentConfig& cc = configs.at(c->name);
     const auto table = models::model_table_for(cc.json, cc.path, component_load_options(*c, configs, options));
@@ -48,7 +48,7 @@ LoadedComponents load_components(const checkpoint::PipelineFolder& pf, const Pip
   }
   LoadedComponents out;
   for (const ComponentSpec* c : order) {
-    if (!component_held(*c, options, tp.rank)) continue;
+    if (!component_held(*c, options, tp.rank) || !configs.has(c->name)) continue;
     const ComponentConfig& cc = configs.at(c->name);
     auto source = checkpoint::open_weight_source(cc.folder, options.variant);
     const parallel::TpContext group = component_split(*c, options) ? tp : parallel::TpContext{};

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -15,9 +16,11 @@
 #include "pipelines/component_check.h"
 #include "pipelines/component_configs.h"
 #include "pipelines/component_loader.h"
+#include "pipelines/flow_match_scheduler.h"
 #include "pipelines/latents.h"
 #include "pipelines/request_memory.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::pipelines {
 namespace {
@@ -69,7 +72,9 @@ void DiffusionPipeline::load_folder(const std::string& folder, const parallel::T
   const ComponentConfigs configs = read_component_configs(pf, *spec_, options);
   shapes_ = configs.shapes();
   vae_scale_ = configs.vae().spatial_scale;
-  scheduler_ = FlowMatchSchedulerConfig::from_file(need_component(pf, "scheduler").path + "/scheduler_config.json");
+  scheduler_path_ = need_component(pf, "scheduler").path + "/scheduler_config.json";
+  scheduler_config_ = read_json_file(scheduler_path_, "scheduler config");
+  make_batch_scheduler();  // its config checked now, before any weight byte
   request_ = request_options(pf);
   configure(configs, options);
   // The weights: every TP plan first, then this rank's components.
@@ -78,6 +83,7 @@ void DiffusionPipeline::load_folder(const std::string& folder, const parallel::T
   transformer_ = parts.take<models::Denoiser>("transformer");
   vae_ = parts.take<models::Vae>("vae");
   text_->take(parts);
+  take_more(parts);
 }
 
 GenerationRequest DiffusionPipeline::with_defaults(GenerationRequest r) const {
@@ -88,15 +94,19 @@ GenerationRequest DiffusionPipeline::with_defaults(GenerationRequest r) const {
 std::string DiffusionPipeline::batch_key(const GenerationRequest& request) const {
   const GenerationRequest g = with_defaults(request);
   const bool cfg = true_cfg(g);
-  return fmt::format("{}x{}/{}/{}/{}/{}", *g.height, *g.width, *g.steps,
-                     g.guidance ? fmt::format("g{}", *g.guidance) : "-",
-                     cfg ? fmt::format("cfg{}", cfg_scale(g)) : "nocfg", *g.max_sequence_length);
+  std::string key = fmt::format("{}x{}/{}/{}/{}/{}", *g.height, *g.width, *g.steps,
+                                g.guidance ? fmt::format("g{}", *g.guidance) : "-",
+                                cfg ? fmt::format("cfg{}", cfg_scale(g)) : "nocfg", *g.max_sequence_length);
+  if (g.frame_count() != 1) key += fmt::format("/f{}", g.frame_count());
+  const std::string extra = batch_key_extra(g);
+  if (!extra.empty()) key += "/" + extra;
+  return key;
 }
 
 double DiffusionPipeline::cost(const GenerationRequest& request) const {
   const GenerationRequest g = with_defaults(request);
   return static_cast<double>(*g.height) * static_cast<double>(*g.width) * static_cast<double>(*g.steps) *
-         (true_cfg(g) ? 2.0 : 1.0);
+         (true_cfg(g) ? 2.0 : 1.0) * static_cast<double>(g.frame_count());
 }
 
 void DiffusionPipeline::check_request(const GenerationRequest& request) const {
@@ -146,8 +156,9 @@ void DiffusionPipeline::check_request(const GenerationRequest& request) const {
       need_given_shape(r, name, {1, r.given->at(of).size(1)}, fmt::format("[1, the text tokens of {}]", of));
     }
   }
-  need_given_shape(r, "latents", {1, image_seq_len(*r.height, *r.width, vae_scale_), shapes_.transformer.in_channels},
-                   "packed latents [1, image tokens, in_channels] for this height and width");
+  std::vector<int64_t> latents_shape = {1};
+  for (int64_t d : request_latent_shape(r)) latents_shape.push_back(d);
+  need_given_shape(r, "latents", latents_shape, latents_meaning());
   if (true_cfg(r) && !r.has_given(kNegative + primary) && !text_->loaded()) {
     throw RequestError(fmt::format("true CFG needs {}{} when the pipeline is loaded without {}", kNegative, primary,
                                    text_->encoders_name()),
@@ -274,26 +285,65 @@ std::vector<GenerationResult> DiffusionPipeline::generate_batch(const std::vecto
   // 2. Latents (each given or from its own seed), schedule, the transformer's inputs.
   std::vector<at::Tensor> per_request;
   for (const auto& q : rs) {
-    per_request.push_back(q.has_given("latents") ? q.given->at("latents").to(ctx_.device, ctx_.dtype)
+    per_request.push_back(q.has_given("latents") ? q.given->at("latents").to(ctx_.device, latents_dtype())
                                                  : draw_latents(q));
   }
   at::Tensor latents = stack_batch(per_request, "latents");
-  FlowMatchEulerDiscreteScheduler scheduler(scheduler_);
-  scheduler.set_timesteps(steps, schedule_mu(scheduler, image_seq_len(height, width, vae_scale_), steps));
+  const std::unique_ptr<Scheduler> scheduler = make_batch_scheduler();
+  scheduler->set_timesteps(steps, schedule_mu(*scheduler, image_seq_len(height, width, vae_scale_), steps));
   add_transformer_inputs(in.positive, r, batch);
   if (cfg) add_transformer_inputs(in.negative, r, batch);
 
-  // 3. Denoising.
-  latents = denoise([&](const models::TensorMap& x) { return transformer_->run(x); }, scheduler, latents,
-                    in.positive, cfg ? &in.negative : nullptr, cfg ? cfg_scale(r) : 1.0, on_step, times,
-                    cfg_rescale());
+  // 3. Denoising: each step's transformer (and CFG scale) as the family says.
+  std::map<const models::Denoiser*, TransformerCall> calls;
+  const StepPlan plan = [&](int64_t, float t) {
+    const models::Denoiser* d = &step_transformer(t);
+    auto it = calls.find(d);
+    if (it == calls.end()) it = calls.emplace(d, [d](const models::TensorMap& x) { return d->run(x); }).first;
+    return DenoiseStep{&it->second, cfg ? step_cfg_scale(r, t) : 1.0};
+  };
+  const SchedulerStep step = [&](const at::Tensor& noise, int64_t i, const at::Tensor& x) {
+    return scheduler->step(noise, i, x);
+  };
+  latents = denoise(plan, scheduler->timesteps(), step, latents, in.positive, cfg ? &in.negative : nullptr,
+                    denoise_style(), on_step, times);
 
-  // 4. Per image: the NaN check, then decode (on the rank that holds the VAE).
+  // 4. Per result: the NaN check, then decode (on the rank that holds the VAE, or split over the TP group).
+  const int64_t frames = r.frame_count();
+  if (BatchDecoder together = vae_ ? batch_decoder(height, width, frames) : BatchDecoder{}) {
+    return finish_batch_together(latents, height, width, steps, ctx_.dtype_name, together, std::move(times));
+  }
   LatentDecoder decode;
   if (vae_) decode = [this, height, width](const at::Tensor& lat) { return decode_latents(lat, height, width); };
   return finish_batch(latents, height, width, steps, ctx_.dtype_name, decode, std::move(times));
 } catch (...) {
   rethrow_generation_failure(ctx_.tp);  // an allocation failure as a request error
+}
+
+DenoiseStyle DiffusionPipeline::denoise_style() const {
+  DenoiseStyle style;
+  style.rescale = cfg_rescale();
+  return style;
+}
+
+const models::Denoiser& DiffusionPipeline::step_transformer(float) const { return *transformer_; }
+
+std::string DiffusionPipeline::latents_meaning() const {
+  return "packed latents [1, image tokens, in_channels] for this height and width";
+}
+
+std::unique_ptr<Scheduler> DiffusionPipeline::make_batch_scheduler() const {
+  return make_scheduler(scheduler_config_, scheduler_path_);
+}
+
+const FlowMatchEulerDiscreteScheduler& DiffusionPipeline::flow_match(const Scheduler& scheduler) {
+  const auto* fm = dynamic_cast<const FlowMatchEulerDiscreteScheduler*>(&scheduler);
+  if (!fm) {
+    throw Error(Error::Kind::Internal,
+                fmt::format("this pipeline runs FlowMatchEulerDiscreteScheduler only, yet was given {}",
+                            scheduler.class_name()));
+  }
+  return *fm;
 }
 
 std::vector<int64_t> DiffusionPipeline::latent_shape(int64_t height, int64_t width) const {

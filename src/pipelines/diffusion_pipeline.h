@@ -29,13 +29,15 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "models/tensor_map.h"
 #include "pipelines/batch_stages.h"
-#include "pipelines/flow_match_scheduler.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/pipeline_context.h"
 #include "pipelines/pipeline_spec.h"
 #include "pipelines/request_checks.h"
+#include "pipelines/scheduler.h"
 #include "pipelines/text_conditioner.h"
 
 namespace tprun::checkpoint {
@@ -50,6 +52,7 @@ class Vae;
 namespace tprun::pipelines {
 
 class ComponentConfigs;
+class FlowMatchEulerDiscreteScheduler;
 class LoadedComponents;
 
 class DiffusionPipeline : public Pipeline {
@@ -110,6 +113,8 @@ class DiffusionPipeline : public Pipeline {
   // The family's part of the load, before any weight byte: its typed configs
   // from `configs` (read and cross-checked) and its text conditioner (text_).
   virtual void configure(const ComponentConfigs& configs, const PipelineOptions& options) = 0;
+  // The family's further components from the load (after the transformer, the VAE and the text encoders).
+  virtual void take_more(LoadedComponents& parts) {}
 
   // Guidance style: whether true CFG runs for `r` (defaults applied), its scale, its rescale.
   virtual bool true_cfg(const GenerationRequest& r) const = 0;
@@ -120,9 +125,24 @@ class DiffusionPipeline : public Pipeline {
   // Latent layout: one request's initial noise from its seed, packed [1, tokens, in_channels].
   // Default: FLUX.1's 2x2 packing of in_channels / 4 channels.
   virtual at::Tensor draw_latents(const GenerationRequest& r) const;
+  // The dtype the latents are denoised in (a given `latents` is cast to it): the pipeline's (WanPipeline: fp32).
+  virtual c10::ScalarType latents_dtype() const { return ctx_.dtype; }
   // Scheduler shift: mu for set_timesteps (nullopt: none).
-  virtual std::optional<double> schedule_mu(const FlowMatchEulerDiscreteScheduler& scheduler, int64_t image_tokens,
-                                            int64_t steps) const = 0;
+  virtual std::optional<double> schedule_mu(const Scheduler& scheduler, int64_t image_tokens, int64_t steps) const = 0;
+  // How the transformer sees the timestep and the latents (default: t / 1000
+  // and the latents as they are, cfg_rescale()).
+  virtual DenoiseStyle denoise_style() const;
+  // The transformer of the step at scheduler timestep t and its CFG scale
+  // (default: the transformer, cfg_scale(r); Wan 2.2 A14B: its experts).
+  virtual const models::Denoiser& step_transformer(float t) const;
+  virtual double step_cfg_scale(const GenerationRequest& r, float t) const { return cfg_scale(r); }
+  // What else changes a batch's compute besides batch_key's fields ("" for none).
+  virtual std::string batch_key_extra(const GenerationRequest& r) const { return {}; }
+  // A given `latents` tensor, for messages ("packed latents [1, image tokens, in_channels]").
+  virtual std::string latents_meaning() const;
+  // A decode of the whole batch at once, split over the TP group (every
+  // rank holds the VAE); empty: decode_latents per result on the VAE's rank.
+  virtual BatchDecoder batch_decoder(int64_t height, int64_t width, int64_t frames) const { return {}; }
   // The transformer's inputs besides the text's (text_->batch), latents and timestep.
   virtual void add_transformer_inputs(models::TensorMap& inputs, const GenerationRequest& r, int64_t batch) const = 0;
   // One image's packed latents [1, tokens, C] -> decoded [1, 3, H, W] (or [1, 3, F, H, W]) in [-1, 1].
@@ -133,7 +153,13 @@ class DiffusionPipeline : public Pipeline {
   std::string cls_;
   const PipelineSpec* spec_ = nullptr;
   RequestOptions request_;
-  FlowMatchSchedulerConfig scheduler_;
+  // scheduler/scheduler_config.json, checked at load; a fresh scheduler per batch.
+  nlohmann::json scheduler_config_;
+  std::string scheduler_path_;
+  std::unique_ptr<Scheduler> make_batch_scheduler() const;
+  // `scheduler` as FlowMatchEulerDiscreteScheduler (the families whose spec
+  // accepts no other); an internal error otherwise.
+  static const FlowMatchEulerDiscreteScheduler& flow_match(const Scheduler& scheduler);
   FamilyShapes shapes_;
   int64_t vae_scale_ = 8;
   std::unique_ptr<TextConditioner> text_;

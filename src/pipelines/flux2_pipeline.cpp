@@ -106,7 +106,7 @@ at::Tensor Flux2Pipeline::draw_latents(const GenerationRequest& q) const {
                                ctx_.device, vae_scale_);
 }
 
-std::optional<double> Flux2Pipeline::schedule_mu(const FlowMatchEulerDiscreteScheduler&, int64_t image_tokens,
+std::optional<double> Flux2Pipeline::schedule_mu(const Scheduler&, int64_t image_tokens,
                                                  int64_t steps) const {
   return compute_empirical_mu(image_tokens, steps);
 }

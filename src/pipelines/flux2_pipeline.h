@@ -54,8 +54,7 @@ class Flux2Pipeline final : public DiffusionPipeline {
   double cfg_scale(const GenerationRequest& r) const override { return *r.guidance; }
   bool has_negative() const override { return klein_; }
   at::Tensor draw_latents(const GenerationRequest& r) const override;
-  std::optional<double> schedule_mu(const FlowMatchEulerDiscreteScheduler& scheduler, int64_t image_tokens,
-                                    int64_t steps) const override;
+  std::optional<double> schedule_mu(const Scheduler& scheduler, int64_t image_tokens, int64_t steps) const override;
   void add_transformer_inputs(models::TensorMap& inputs, const GenerationRequest& r, int64_t batch) const override;
   at::Tensor decode_latents(const at::Tensor& packed, int64_t height, int64_t width) const override;
 

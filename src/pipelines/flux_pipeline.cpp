@@ -13,6 +13,7 @@
 #include "models/vae.h"
 #include "pipelines/clip_t5_conditioner.h"
 #include "pipelines/component_configs.h"
+#include "pipelines/flow_match_scheduler.h"
 #include "pipelines/latents.h"
 #include "runtime/error.h"
 
@@ -97,10 +98,11 @@ bool FluxPipeline::true_cfg(const GenerationRequest& r) const {
 }
 
 // mu from the image tokens where the scheduler shifts dynamically; sigmas linspace(1, 1/n, n).
-std::optional<double> FluxPipeline::schedule_mu(const FlowMatchEulerDiscreteScheduler& scheduler,
-                                                int64_t image_tokens, int64_t steps) const {
-  if (!scheduler_.use_dynamic_shifting) return std::nullopt;
-  return scheduler.mu_for(image_tokens);
+std::optional<double> FluxPipeline::schedule_mu(const Scheduler& scheduler, int64_t image_tokens,
+                                                int64_t steps) const {
+  const FlowMatchEulerDiscreteScheduler& fm = flow_match(scheduler);
+  if (!fm.config().use_dynamic_shifting) return std::nullopt;
+  return fm.mu_for(image_tokens);
 }
 
 // Image ids of the 2x2-packed grid, text ids zeros [S, 3], [guidance] with a guidance embedder (FLUX.1-dev).

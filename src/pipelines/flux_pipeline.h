@@ -61,8 +61,7 @@ class FluxPipeline final : public DiffusionPipeline {
   void configure(const ComponentConfigs& configs, const PipelineOptions& options) override;
   bool true_cfg(const GenerationRequest& r) const override;
   double cfg_scale(const GenerationRequest& r) const override { return *r.true_cfg_scale; }
-  std::optional<double> schedule_mu(const FlowMatchEulerDiscreteScheduler& scheduler, int64_t image_tokens,
-                                    int64_t steps) const override;
+  std::optional<double> schedule_mu(const Scheduler& scheduler, int64_t image_tokens, int64_t steps) const override;
   void add_transformer_inputs(models::TensorMap& inputs, const GenerationRequest& r, int64_t batch) const override;
   at::Tensor decode_latents(const at::Tensor& packed, int64_t height, int64_t width) const override;
 

@@ -75,6 +75,10 @@ std::vector<int64_t> Pipeline::request_latent_shape(const GenerationRequest& req
   return latent_shape(request.height.value_or(0), request.width.value_or(0));
 }
 
+int64_t Pipeline::latent_tokens(const GenerationRequest& request) const {
+  return request_latent_shape(request).at(0);
+}
+
 std::vector<std::string> pipeline_names() { return pipeline_spec_names(); }
 
 std::unique_ptr<Pipeline> load_pipeline(const std::string& folder, const parallel::TpContext& tp,

@@ -132,6 +132,9 @@ class Pipeline {
   // check_request refuses in an image pipeline. A family that makes frame
   // sequences overrides it (its latents span every latent frame).
   virtual std::vector<int64_t> request_latent_shape(const GenerationRequest& request) const;
+  // The tokens the transformer attends over for such a request (every latent
+  // frame's). Here: request_latent_shape's first size (packed latents).
+  virtual int64_t latent_tokens(const GenerationRequest& request) const;
 
   virtual bool decodes() const = 0;  // this rank loads the VAE and decodes
   virtual const std::string& folder() const = 0;

@@ -44,6 +44,7 @@ PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions&
   l.defaults = spec->defaults.request(l.vae_scale_factor);
   for (const ComponentSpec* c : spec->models_in_load_order()) {
     if (!component_held(*c, options, 0)) continue;  // TP rank 0 holds whatever the load holds
+    if (!configs.has(c->name)) continue;             // an optional component the folder does not have
     ComponentLayout cl;
     cl.name = c->name;
     cl.path = configs.at(c->name).folder;
@@ -54,7 +55,7 @@ PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions&
       cl.class_skip = family->class_skip;
     }
     cl.sharded = component_split(*c, options);
-    cl.rank_zero_only = c->role == ComponentRole::kVae && !options.decode_on_every_rank;
+    cl.rank_zero_only = c->role == ComponentRole::kVae && !options.decode_on_every_rank && !c->every_rank;
     l.components.push_back(std::move(cl));
   }
   return l;

@@ -58,6 +58,9 @@ GenerationRequest CallDefaults::request(int64_t vae_scale_factor) const {
   d.guidance = guidance;
   d.true_cfg_scale = true_cfg_scale;
   d.max_sequence_length = max_sequence_length;
+  if (height > 0) d.height = height;
+  if (width > 0) d.width = width;
+  if (frames > 0) d.frames = frames;
   return d;
 }
 

@@ -66,6 +66,9 @@ struct ComponentSpec {
   // Text encoders: the hidden states the pipeline reads (ModelOptions::
   // hidden_layers; empty: every layer and the final norm). From the configs.
   std::function<std::vector<int64_t>(const ComponentConfigs&)> hidden_layers;
+  // The VAE: held by every rank of the TP group, which split its decode
+  // (otherwise TP rank 0 alone, unless decode_on_every_rank).
+  bool every_rank = false;
 
   // Where the component's own class name is written, checked against `classes`:
   // diffusers' config.json / scheduler_config.json "_class_name",
@@ -81,6 +84,9 @@ struct CallDefaults {
   std::optional<double> guidance;
   double true_cfg_scale = 1.0;
   int64_t max_sequence_length = 512;
+  // A pipeline whose __call__ defaults name pixels and frames (WanPipeline:
+  // 480 x 832, 81 frames) instead of a square default_sample_size; 0: unset.
+  int64_t height = 0, width = 0, frames = 0;
   // The request with these defaults for a VAE scale factor.
   GenerationRequest request(int64_t vae_scale_factor) const;
 };

@@ -14,6 +14,7 @@
 #include "models/qwen_image_transformer.h"
 #include "models/vae.h"
 #include "pipelines/component_configs.h"
+#include "pipelines/flow_match_scheduler.h"
 #include "pipelines/latents.h"
 #include "pipelines/qwen_image_conditioner.h"
 #include "pipelines/qwen_image_defaults.h"
@@ -93,9 +94,9 @@ bool QwenImagePipeline::true_cfg(const GenerationRequest& r) const {
 }
 
 // mu always passed, from the image tokens and the scheduler config's shifts.
-std::optional<double> QwenImagePipeline::schedule_mu(const FlowMatchEulerDiscreteScheduler& scheduler,
-                                                     int64_t image_tokens, int64_t) const {
-  return scheduler.mu_for(image_tokens);
+std::optional<double> QwenImagePipeline::schedule_mu(const Scheduler& scheduler, int64_t image_tokens,
+                                                     int64_t) const {
+  return flow_match(scheduler).mu_for(image_tokens);
 }
 
 // img_shapes (1, h/2, w/2) per image; guidance is never passed.

@@ -155,7 +155,7 @@ RequestShape batch_shape(const Pipeline& pipeline, const std::vector<GenerationR
   s.height = r.height.value_or(0);
   s.width = r.width.value_or(0);
   s.frames = r.frame_count();
-  s.image_tokens = pipeline.request_latent_shape(r).at(0);
+  s.image_tokens = pipeline.latent_tokens(r);
   s.encodes_text = !r.has_given("prompt_embeds");
   s.text_tokens = s.encodes_text ? r.max_sequence_length.value_or(512) : r.given->at("prompt_embeds").size(1);
   return s;
