@@ -81,6 +81,7 @@ void DiffusionPipeline::load_folder(const std::string& folder, const parallel::T
   LoadedComponents parts = load_components(pf, *spec_, configs, ctx_.tp, options);
   ctx_.bytes += parts.bytes;
   transformer_ = parts.take<models::Denoiser>("transformer");
+  if (transformer_) attention_chunk_ = transformer_->attention_chunk();
   vae_ = parts.take<models::Vae>("vae");
   text_->take(parts);
   take_more(parts);
@@ -250,7 +251,7 @@ void DiffusionPipeline::check_batch_fits(const std::vector<GenerationRequest>& r
   MemoryModel fit;
   fit.pipeline = cls_;
   fit.transformer = shapes_.transformer;
-  fit.attention_chunk = transformer_->attention_chunk();
+  fit.attention_chunk = attention_chunk_;
   fit.text_hidden = text_->loaded() ? shapes_.text_hidden : 0;
   fit.tp_size = ctx_.tp.size;
   fit.weights_bytes = ctx_.bytes;
@@ -265,59 +266,105 @@ at::Tensor DiffusionPipeline::draw_latents(const GenerationRequest& q) const {
                          vae_scale_);
 }
 
-std::vector<GenerationResult> DiffusionPipeline::generate_batch(const std::vector<GenerationRequest>& requests,
-                                                                const StepCallback& on_step) const try {
-  ctx_.need_denoiser("generate_batch");
-  if (requests.empty()) return {};
-  const std::vector<GenerationRequest> rs = prepare_batch(*this, requests);
-  const GenerationRequest& r = rs.front();
-  check_batch_fits(rs);
-  const int64_t batch = static_cast<int64_t>(rs.size());
-  const int64_t steps = *r.steps, height = *r.height, width = *r.width;
-  const bool cfg = true_cfg(r);
+// A batch between its parts (Pipeline::InFlight): the prepared requests,
+// their text inputs, the latents and the scheduler with its history.
+struct DiffusionPipeline::BatchRun final : Pipeline::InFlight {
+  std::vector<GenerationRequest> rs;
+  bool cfg = false;
+  TextInputs in;
+  at::Tensor latents;
+  std::unique_ptr<Scheduler> scheduler;
+  StepCallback on_step;
   StageTimes times;
+  int64_t next_step = 0;
+};
+
+std::vector<GenerationResult> DiffusionPipeline::generate_batch(const std::vector<GenerationRequest>& requests,
+                                                                const StepCallback& on_step) const {
+  if (requests.empty()) return {};
+  std::unique_ptr<InFlight> b = start_batch(requests, on_step);
+  for (int64_t s = 0; s < denoise_stages(); ++s) advance_batch(*b, s);
+  return finish_in_flight(*b);
+}
+
+std::unique_ptr<Pipeline::InFlight> DiffusionPipeline::start_batch(const std::vector<GenerationRequest>& requests,
+                                                                   const StepCallback& on_step) const try {
+  ctx_.need_denoiser("generate_batch");
+  if (requests.empty()) throw Error(Error::Kind::Internal, "start_batch of no requests");
+  auto b = std::make_unique<BatchRun>();
+  b->rs = prepare_batch(*this, requests);
+  b->on_step = on_step;
+  const GenerationRequest& r = b->rs.front();
+  check_batch_fits(b->rs);
+  const int64_t batch = static_cast<int64_t>(b->rs.size());
+  const int64_t steps = *r.steps, height = *r.height, width = *r.width;
+  b->cfg = true_cfg(r);
 
   // 1. Prompt embeddings.
   auto t0 = Clock::now();
-  TextInputs in = encode_batch(rs, cfg);
-  times.encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  b->in = encode_batch(b->rs, b->cfg);
+  b->times.encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
   // 2. Latents (each given or from its own seed), schedule, the transformer's inputs.
   std::vector<at::Tensor> per_request;
-  for (const auto& q : rs) {
+  for (const auto& q : b->rs) {
     per_request.push_back(q.has_given("latents") ? q.given->at("latents").to(ctx_.device, latents_dtype())
                                                  : draw_latents(q));
   }
-  at::Tensor latents = stack_batch(per_request, "latents");
-  const std::unique_ptr<Scheduler> scheduler = make_batch_scheduler();
-  scheduler->set_timesteps(steps, schedule_mu(*scheduler, image_seq_len(height, width, vae_scale_), steps));
-  add_transformer_inputs(in.positive, r, batch);
-  if (cfg) add_transformer_inputs(in.negative, r, batch);
+  b->latents = stack_batch(per_request, "latents");
+  b->scheduler = make_batch_scheduler();
+  b->scheduler->set_timesteps(steps, schedule_mu(*b->scheduler, image_seq_len(height, width, vae_scale_), steps));
+  add_transformer_inputs(b->in.positive, r, batch);
+  if (b->cfg) add_transformer_inputs(b->in.negative, r, batch);
+  return b;
+} catch (...) {
+  rethrow_generation_failure(ctx_.tp);  // an allocation failure as a request error
+}
 
-  // 3. Denoising: each step's transformer (and CFG scale) as the family says.
+// 3. Denoising: the steps of `stage`, each step's transformer (and CFG scale) as the family says.
+void DiffusionPipeline::advance_batch(InFlight& batch, int64_t stage) const try {
+  auto& b = dynamic_cast<BatchRun&>(batch);
+  const std::vector<float>& timesteps = b.scheduler->timesteps();
+  const int64_t n = static_cast<int64_t>(timesteps.size());
+  int64_t end = b.next_step;
+  while (end < n && step_stage(timesteps[static_cast<size_t>(end)]) <= stage) ++end;
+  if (end == b.next_step) return;
+  hold_stage(stage);
+  const GenerationRequest& r = b.rs.front();
   std::map<const models::Denoiser*, TransformerCall> calls;
   const StepPlan plan = [&](int64_t, float t) {
     const models::Denoiser* d = &step_transformer(t);
     auto it = calls.find(d);
     if (it == calls.end()) it = calls.emplace(d, [d](const models::TensorMap& x) { return d->run(x); }).first;
-    return DenoiseStep{&it->second, cfg ? step_cfg_scale(r, t) : 1.0};
+    return DenoiseStep{&it->second, b.cfg ? step_cfg_scale(r, t) : 1.0};
   };
   const SchedulerStep step = [&](const at::Tensor& noise, int64_t i, const at::Tensor& x) {
-    return scheduler->step(noise, i, x);
+    return b.scheduler->step(noise, i, x);
   };
-  latents = denoise(plan, scheduler->timesteps(), step, latents, in.positive, cfg ? &in.negative : nullptr,
-                    denoise_style(), on_step, times);
+  b.latents = denoise(plan, timesteps, step, b.latents, b.in.positive, b.cfg ? &b.in.negative : nullptr,
+                      denoise_style(), b.on_step, b.times, b.next_step, end);
+  b.next_step = end;
+} catch (...) {
+  rethrow_generation_failure(ctx_.tp);
+}
 
-  // 4. Per result: the NaN check, then decode (on the rank that holds the VAE, or split over the TP group).
-  const int64_t frames = r.frame_count();
+// 4. Per result: the NaN check, then decode (on the rank that holds the VAE, or split over the TP group).
+std::vector<GenerationResult> DiffusionPipeline::finish_in_flight(InFlight& batch) const try {
+  auto& b = dynamic_cast<BatchRun&>(batch);
+  const int64_t n = static_cast<int64_t>(b.scheduler->timesteps().size());
+  if (b.next_step != n) {
+    throw Error(Error::Kind::Internal, fmt::format("a batch finished after {} of its {} steps", b.next_step, n));
+  }
+  const GenerationRequest& r = b.rs.front();
+  const int64_t steps = *r.steps, height = *r.height, width = *r.width, frames = r.frame_count();
   if (BatchDecoder together = vae_ ? batch_decoder(height, width, frames) : BatchDecoder{}) {
-    return finish_batch_together(latents, height, width, steps, ctx_.dtype_name, together, std::move(times));
+    return finish_batch_together(b.latents, height, width, steps, ctx_.dtype_name, together, std::move(b.times));
   }
   LatentDecoder decode;
   if (vae_) decode = [this, height, width](const at::Tensor& lat) { return decode_latents(lat, height, width); };
-  return finish_batch(latents, height, width, steps, ctx_.dtype_name, decode, std::move(times));
+  return finish_batch(b.latents, height, width, steps, ctx_.dtype_name, decode, std::move(b.times));
 } catch (...) {
-  rethrow_generation_failure(ctx_.tp);  // an allocation failure as a request error
+  rethrow_generation_failure(ctx_.tp);
 }
 
 DenoiseStyle DiffusionPipeline::denoise_style() const {

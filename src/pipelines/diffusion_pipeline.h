@@ -74,6 +74,12 @@ class DiffusionPipeline : public Pipeline {
   // the stacked latents, each image is checked and decoded alone.
   std::vector<GenerationResult> generate_batch(const std::vector<GenerationRequest>& requests,
                                                const StepCallback& on_step = {}) const final;
+  // generate_batch's parts (pipeline.h); the stages are the family's
+  // (denoise_stages, step_stage), its weights held per stage by hold_stage.
+  std::unique_ptr<InFlight> start_batch(const std::vector<GenerationRequest>& requests,
+                                        const StepCallback& on_step = {}) const final;
+  void advance_batch(InFlight& batch, int64_t stage) const final;
+  std::vector<GenerationResult> finish_in_flight(InFlight& batch) const final;
   // Packed latents: [image tokens, in_channels].
   std::vector<int64_t> latent_shape(int64_t height, int64_t width) const override;
 
@@ -143,6 +149,12 @@ class DiffusionPipeline : public Pipeline {
   // A decode of the whole batch at once, split over the TP group (every
   // rank holds the VAE); empty: decode_latents per result on the VAE's rank.
   virtual BatchDecoder batch_decoder(int64_t height, int64_t width, int64_t frames) const { return {}; }
+  // Denoising stages (Wan 2.2 A14B: its two experts; steps' stages never
+  // decrease), the stage of the step at scheduler timestep t, and the stage
+  // whose weights to hold before its steps run (a no-op where every weight is resident).
+  virtual int64_t denoise_stages() const { return 1; }
+  virtual int64_t step_stage(float t) const { return 0; }
+  virtual void hold_stage(int64_t stage) const {}
   // The transformer's inputs besides the text's (text_->batch), latents and timestep.
   virtual void add_transformer_inputs(models::TensorMap& inputs, const GenerationRequest& r, int64_t batch) const = 0;
   // One image's packed latents [1, tokens, C] -> decoded [1, 3, H, W] (or [1, 3, F, H, W]) in [-1, 1].
@@ -163,7 +175,9 @@ class DiffusionPipeline : public Pipeline {
   FamilyShapes shapes_;
   int64_t vae_scale_ = 8;
   std::unique_ptr<TextConditioner> text_;
-  std::unique_ptr<models::Denoiser> transformer_;
+  // Mutable: a family that holds its experts one stage at a time swaps them (hold_stage).
+  mutable std::unique_ptr<models::Denoiser> transformer_;
+  int64_t attention_chunk_ = 0;  // the transformer's, as loaded (the memory estimate's)
   std::unique_ptr<models::Vae> vae_;
 
  private:
@@ -172,6 +186,7 @@ class DiffusionPipeline : public Pipeline {
   struct TextInputs {
     models::TensorMap positive, negative;
   };
+  struct BatchRun;
   TextInputs encode_batch(const std::vector<GenerationRequest>& rs, bool cfg) const;
   void check_batch_fits(const std::vector<GenerationRequest>& rs) const;
 };

@@ -66,6 +66,29 @@ GenerationResult Pipeline::generate(const GenerationRequest& request, const Step
   return std::move(results[0]);
 }
 
+namespace {
+
+// A pipeline without stages: the whole batch runs in finish_in_flight.
+struct WholeBatch final : Pipeline::InFlight {
+  std::vector<GenerationRequest> requests;
+  StepCallback on_step;
+};
+
+}  // namespace
+
+std::unique_ptr<Pipeline::InFlight> Pipeline::start_batch(const std::vector<GenerationRequest>& requests,
+                                                          const StepCallback& on_step) const {
+  auto b = std::make_unique<WholeBatch>();
+  b->requests = requests;
+  b->on_step = on_step;
+  return b;
+}
+
+std::vector<GenerationResult> Pipeline::finish_in_flight(InFlight& batch) const {
+  auto& b = dynamic_cast<WholeBatch&>(batch);
+  return generate_batch(b.requests, b.on_step);
+}
+
 std::vector<int64_t> Pipeline::request_latent_shape(const GenerationRequest& request) const {
   if (request.frame_count() != 1) {
     throw Error(Error::Kind::Internal,

@@ -44,6 +44,10 @@ struct PipelineOptions {
   // and encode_text are called; generate_batch is an internal error.
   bool denoiser = true;
   bool decode_on_every_rank = false;  // default: TP rank 0 only loads the VAE and decodes
+  // A pipeline with several experts (Wan 2.2 A14B) holds one at a time and
+  // swaps them between a batch's stages ([schedule] experts = "staged");
+  // false: every expert resident.
+  bool stage_experts = false;
   // What every component's load starts from: its `memory` field holds the
   // [memory] / --memory settings; the pipeline adds dtype, device and each
   // component's own options on top.
@@ -122,6 +126,25 @@ class Pipeline {
   // set). RequestError for a bad request; internal error for mixed keys.
   virtual std::vector<GenerationResult> generate_batch(const std::vector<GenerationRequest>& requests,
                                                        const StepCallback& on_step = {}) const = 0;
+  // generate_batch in parts, for a pipeline whose denoising weights are held
+  // one stage at a time (weight_stages() > 1: Wan 2.2 A14B's experts,
+  // staged): a job runs every batch of a round through stage 0, then every
+  // one through stage 1, so the weights swap once a round, not once a batch.
+  //   start_batch    checks, encodes, draws the latents and the schedule
+  //   advance_batch  the denoising steps of stage s (its weights loaded
+  //                  first where another stage's are held)
+  //   finish_batch   the NaN/Inf checks and the decode: generate_batch's results
+  // generate_batch is start, every stage in order, finish. A batch's errors
+  // are generate_batch's, raised by the part that meets them.
+  class InFlight {
+   public:
+    virtual ~InFlight() = default;
+  };
+  virtual int64_t weight_stages() const { return 1; }
+  virtual std::unique_ptr<InFlight> start_batch(const std::vector<GenerationRequest>& requests,
+                                                const StepCallback& on_step = {}) const;
+  virtual void advance_batch(InFlight& batch, int64_t stage) const {}
+  virtual std::vector<GenerationResult> finish_in_flight(InFlight& batch) const;
   // One request (a batch of one); a NaN/Inf result is a RequestError.
   GenerationResult generate(const GenerationRequest& request, const StepCallback& on_step = {}) const;
   // Shape [tokens, channels] of the latents generate() returns for a height x width image.

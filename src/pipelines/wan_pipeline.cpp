@@ -19,8 +19,13 @@
 #include "pipelines/component_loader.h"
 #include "pipelines/latents.h"
 #include "pipelines/wan_conditioner.h"
+#include "checkpoint/hdf5_source.h"
+#include "models/model_registry.h"
 #include "runtime/error.h"
+#include "runtime/memory_release.h"
+#include "runtime/size_string.h"
 #include "runtime/strict_json.h"
+#include <spdlog/spdlog.h>
 
 namespace tprun::pipelines {
 namespace {
@@ -138,10 +143,8 @@ RequestOptions wan_request_options(const checkpoint::PipelineFolder& pf) {
   // The RoPE table covers rope_max_seq_len positions on the time axis.
   o.max_frames = std::min<int64_t>(kMaxFrames, (t.rope_max_seq_len - 1) * o.frame_multiple + 1);
   o.default_fps = 16;
-  if (!boundary_ratio(pf)) {
-    o.unused.emplace_back("guidance_2", "it is the second expert's CFG scale, and this folder has one transformer "
-                                        "(no boundary_ratio / transformer_2)");
-  }
+  o.accepts_guidance_2 = boundary_ratio(pf).has_value();  // the second expert's scale
+  add_scheduler_request_options(pf, o);
   return o;
 }
 
@@ -174,18 +177,48 @@ PipelineSpec wan_spec() {
 
 }  // namespace
 
-void WanPipeline::configure(const ComponentConfigs& configs, const PipelineOptions&) {
+void WanPipeline::configure(const ComponentConfigs& configs, const PipelineOptions& options) {
   const auto t = configs.parse<models::WanTransformerConfig>("transformer");
   in_channels_ = t.in_channels;
   temporal_scale_ = std::max<int64_t>(1, configs.vae().temporal_scale);
   if (const auto ratio = boundary_ratio(configs.folder())) {
     boundary_ = *ratio * static_cast<double>(num_train_timesteps(configs.folder()));
+    staged_ = options.stage_experts && options.denoiser;
+    variant_ = options.variant;
+    const char* names[2] = {"transformer", "transformer_2"};
+    for (int k = 0; k < 2; ++k) {
+      expert_config_[k] = configs.at(names[k]);
+      expert_options_[k] = component_load_options(*spec_->find(names[k]), configs, options);
+    }
   }
   text_ = std::make_unique<WanConditioner>(configs.folder(), configs.text_encoders(), t.text_dim, ctx_.device,
                                            ctx_.dtype);
 }
 
 void WanPipeline::take_more(LoadedComponents& parts) { transformer_2_ = parts.take<models::Denoiser>("transformer_2"); }
+
+void WanPipeline::hold_stage(int64_t stage) const {
+  if (!staged_ || stage == held_stage_) return;
+  // The held expert freed first: the two are never resident together.
+  if (stage == 1) {
+    transformer_.reset();
+  } else {
+    transformer_2_.reset();
+  }
+  release_free_memory();
+  const ComponentConfig& cc = expert_config_[stage];
+  auto source = checkpoint::open_weight_source(cc.folder, variant_);
+  std::unique_ptr<models::Model> model = models::load_model(*source, cc.json, cc.path, ctx_.tp, expert_options_[stage]);
+  auto* denoiser = dynamic_cast<models::Denoiser*>(model.get());
+  if (!denoiser) throw Error(Error::Kind::Internal, fmt::format("{}: not a denoiser", cc.path));
+  model.release();
+  (stage == 1 ? transformer_2_ : transformer_).reset(denoiser);
+  held_stage_ = stage;
+  if (ctx_.tp.rank == 0) {
+    spdlog::info("experts staged: {} now holds {} ({})", ctx_.folder, stage == 1 ? "transformer_2" : "transformer",
+                 format_size(denoiser->bytes_loaded()));
+  }
+}
 
 bool WanPipeline::true_cfg(const GenerationRequest& r) const { return r.guidance.value_or(1.0) > 1.0; }
 

@@ -37,6 +37,8 @@
 #include <string>
 #include <vector>
 
+#include "models/model.h"
+#include "pipelines/component_configs.h"
 #include "pipelines/diffusion_pipeline.h"
 
 namespace tprun::pipelines {
@@ -50,7 +52,8 @@ class WanPipeline final : public DiffusionPipeline {
   std::vector<int64_t> request_latent_shape(const GenerationRequest& request) const override;
   // Latent frames x (h / 2) x (w / 2): the transformer's patches.
   int64_t latent_tokens(const GenerationRequest& request) const override;
-  // The second expert (nullptr: Wan 2.1, one transformer).
+  int64_t weight_stages() const override { return staged_ ? 2 : 1; }
+  // The second expert (nullptr: Wan 2.1, one transformer, or staged and not held).
   const models::Denoiser* transformer_2() const { return transformer_2_.get(); }
   // boundary_ratio x num_train_timesteps (nullopt: one transformer).
   std::optional<double> boundary_timestep() const { return boundary_; }
@@ -72,12 +75,25 @@ class WanPipeline final : public DiffusionPipeline {
   at::Tensor decode_latents(const at::Tensor& latents, int64_t height, int64_t width) const override;
   BatchDecoder batch_decoder(int64_t height, int64_t width, int64_t frames) const override;
   void check_family_request(const GenerationRequest& r) const override;
+  // Two experts: stage 0 the high-noise steps (transformer), stage 1 the
+  // low-noise ones (transformer_2). Staged (PipelineOptions::stage_experts):
+  // one expert held at a time, the other loaded (and the held one freed)
+  // by hold_stage.
+  int64_t denoise_stages() const override { return boundary_ ? 2 : 1; }
+  int64_t step_stage(float t) const override { return second_expert(t) ? 1 : 0; }
+  void hold_stage(int64_t stage) const override;
   // Whether step t runs the second expert.
   bool second_expert(float t) const;
   // The latents in the VAE's dtype with its statistics undone.
   at::Tensor denormalized(const at::Tensor& latents) const;
 
-  std::unique_ptr<models::Denoiser> transformer_2_;
+  mutable std::unique_ptr<models::Denoiser> transformer_2_;
+  // Staged experts: what hold_stage loads (each expert's config and load options) and the stage held.
+  bool staged_ = false;
+  std::string variant_;
+  ComponentConfig expert_config_[2];
+  models::ModelOptions expert_options_[2];
+  mutable int64_t held_stage_ = 0;
   std::optional<double> boundary_;  // boundary_ratio x num_train_timesteps
   int64_t in_channels_ = 16, temporal_scale_ = 4;
 };
