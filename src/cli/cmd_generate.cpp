@@ -91,7 +91,10 @@ void add_model_options(po::options_description& desc) {
       ("replicate-text-encoders", po::bool_switch(),
        "every rank holds the whole text encoder (the FLUX.2 and Qwen-Image pipelines shard it by "
        "default)")
-      ("shard-modulation", po::bool_switch(), "also shard the transformer's AdaLN modulation linears");
+      ("shard-modulation", po::bool_switch(), "also shard the transformer's AdaLN modulation linears")
+      ("stage-experts", po::bool_switch(),
+       "a pipeline with two experts (Wan 2.2 A14B) holds one at a time, swapping them at the boundary step "
+       "(default: both resident)");
   desc.add(m);
 }
 
@@ -189,6 +192,7 @@ pipelines::PipelineOptions pipeline_options(const po::variables_map& vm, const S
   if (vm["shard-text-encoders"].as<bool>() || vm["shard-text-encoder-2"].as<bool>()) opts.shard_text_encoders = true;
   if (vm["replicate-text-encoders"].as<bool>()) opts.shard_text_encoders = false;
   opts.shard_modulation = vm["shard-modulation"].as<bool>();
+  opts.stage_experts = vm["stage-experts"].as<bool>();
   const memory::MemoryOptions mem = memory_from(vm);
   opts.component_base.memory = mem;
   spdlog::info("{}", memory::describe(mem));

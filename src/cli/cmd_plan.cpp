@@ -96,6 +96,8 @@ pipelines::FitQuery query_from(const po::variables_map& vm) {
   if (vm.count("height")) q.height = int_flag(vm, "height", 1, pipelines::kMaxImageSide);
   if (vm.count("width")) q.width = int_flag(vm, "width", 1, pipelines::kMaxImageSide);
   if (vm.count("batch")) q.batch = int_flag(vm, "batch", 1, pipelines::kMaxBatchSize);
+  if (vm.count("frames")) q.frames = int_flag(vm, "frames", 1, pipelines::kMaxFrames);
+  if (vm["stage-experts"].as<bool>()) q.options.stage_experts = true;
   if (vm.count("stage-requests")) q.stage_requests = int_flag(vm, "stage-requests", 1, pipelines::kMaxStageRequests);
   if (!manifest && !vm.count("stage-requests")) q.stage_requests = q.batch;
   if (vm["true-cfg"].as<bool>()) q.true_cfg = true;
@@ -206,6 +208,9 @@ Command plan_command() {
         ("batch", po::value<std::string>(), batch_help.c_str())
         ("stage-requests", po::value<std::string>(), "staged: requests whose embeddings a round keeps")
         ("true-cfg", po::bool_switch(), "requests with a negative prompt (true CFG)")
+        ("frames", po::value<std::string>(), "frames of the longest video (a video pipeline; default: the requests')")
+        ("stage-experts", po::bool_switch(),
+         "two experts (Wan 2.2 A14B) held one at a time (schedule.experts = \"staged\"); default: both resident")
         ("json", po::bool_switch(), "print JSON instead of a table")
         ("log-level", po::value<std::string>()->default_value(""), "trace|debug|info|warn|error");
     desc.add(o);

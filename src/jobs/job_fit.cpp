@@ -18,6 +18,7 @@ pipelines::FitQuery fit_query(const Manifest& m, const std::vector<JobRequest>& 
   q.options.dtype = m.dtype;
   q.options.shard_text_encoders = m.shard_text_encoders;
   q.options.shard_modulation = m.shard_modulation;
+  q.options.stage_experts = m.experts == "staged";
   q.options.component_base.memory = m.memory;
   q.batch = m.batch_size;
   if (m.device_memory > 0) q.rank_memory = m.device_memory;
@@ -35,9 +36,11 @@ pipelines::FitQuery fit_query(const Manifest& m, const std::vector<JobRequest>& 
 }
 
 std::string format_fit_plan(const pipelines::FitPlan& plan, const std::string& folder, int world) {
-  std::string out = fmt::format("plan for {} ({}), {} rank{} on {}: {}x{}, batch {}, {} text tokens{}\n", folder,
+  std::string out = fmt::format("plan for {} ({}), {} rank{} on {}: {}x{}{}, batch {}, {} text tokens{}{}\n", folder,
                                 plan.pipeline, world, world == 1 ? "" : "s", plan.device, plan.height, plan.width,
-                                plan.batch, plan.text_tokens, plan.true_cfg ? ", true CFG" : "");
+                                plan.frames > 1 ? fmt::format(" x {} frames", plan.frames) : "", plan.batch,
+                                plan.text_tokens, plan.true_cfg ? ", true CFG" : "",
+                                plan.staged_experts ? ", experts staged (one held at a time)" : "");
   out += fmt::format("  {:>3} {:>3}  {:<9} {:>11} {:>11} {:>11} {:>11} {:>13}  {}\n", "tp", "dp", "stages", "encode",
                      "denoise", "decode", "peak", "with margin", "fits");
   for (const auto& c : plan.candidates) {

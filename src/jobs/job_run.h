@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -58,6 +59,7 @@ class JobRun {
     validate();
     status_.arm(stop_requested);  // the inputs (the status file's path among them) checked
     choose_phases();  // may set tp ("auto"), so before the mesh
+    choose_experts();
     make_mesh();
     load();
     resume();
@@ -71,6 +73,7 @@ class JobRun {
   void validate();
   void make_mesh();
   void choose_phases();
+  void choose_experts();
   void resume();
   void load();
   void load_pipeline(bool encoders_only);
@@ -80,7 +83,16 @@ class JobRun {
   void replica_loop();
   int results();
 
+  struct UnitWork;
+  UnitWork begin_unit(const Unit& unit);
+  void unit_part(UnitWork& w, const std::function<void()>& part);
+  void unit_stage(UnitWork& w, int64_t stage);
+  void end_unit(UnitWork& w);
+  pipelines::StepCallback stop_check(const Unit& unit);
   void run_unit(const Unit& unit);
+  void run_round_by_stage(const std::vector<Unit>& round);
+  // Requests a round holds in flight when experts are staged and schedule.stage_requests is 0.
+  static constexpr int64_t kExpertRoundRequests = 32;
   void drain();
   bool agree_stop();
   void write_outputs(const JobRequest& req, const pipelines::GenerationResult& res, ResultRecord& rec);
@@ -115,6 +127,7 @@ class JobRun {
   // Staged phases: pipe_ holds the text encoders only (encoders_loaded_) or
   // the transformer and VAE only; the embeddings live in the output folder.
   bool staged_ = false, encoders_loaded_ = false;
+  bool stage_experts_ = false;  // schedule.experts (or the planner's choice): one expert held at a time
   std::unique_ptr<EmbeddingCache> embeddings_;
   std::map<std::string, std::string> encode_failed_;  // request id -> why its text could not be encoded
   int64_t texts_encoded_ = 0, texts_reused_ = 0;

@@ -161,16 +161,26 @@ void JobRun::drain() {
   if (rank_ == 0) control_.poll([&](Tag tag, int, const std::string& p) { handle_message(tag, p); });
 }
 
-// One unit on this replica: generate, write the images (TP rank 0), and the
-// records to world rank 0. Staged: each request's embeddings come from the cache.
-void JobRun::run_unit(const Unit& unit) {
-  const bool leader = mesh_->tp_rank() == 0;
-  std::vector<ResultRecord> recs(unit.size());
-  std::vector<pipelines::GenerationRequest> gens;
+// One unit between its parts (Pipeline::start_batch, advance_batch,
+// finish_in_flight): its records, the requests that run and the batch in flight.
+struct JobRun::UnitWork {
+  const Unit* unit = nullptr;
+  std::vector<ResultRecord> recs;
   std::vector<size_t> live;  // the unit's requests that run (staged: those whose texts were encoded)
+  std::vector<pipelines::GenerationRequest> gens;
+  std::unique_ptr<pipelines::Pipeline::InFlight> batch;
+  bool failed = false;  // a part raised a RequestError: every live request failed with it
+  double compute_s = 0;
+};
+
+// The unit's records and the requests that run.
+JobRun::UnitWork JobRun::begin_unit(const Unit& unit) {
+  UnitWork w;
+  w.unit = &unit;
+  w.recs.resize(unit.size());
   for (size_t k = 0; k < unit.size(); ++k) {
     const JobRequest& req = *unit[k];
-    ResultRecord& rec = recs[k];
+    ResultRecord& rec = w.recs[k];
     rec.id = req.id;
     rec.seed = req.gen.seed;
     rec.height = req.gen.height.value_or(0);
@@ -189,41 +199,83 @@ void JobRun::run_unit(const Unit& unit) {
       rec.error = refused->second;
       continue;
     }
-    live.push_back(k);
-    gens.push_back(staged_ && runnable_.count(&req) ? with_embeddings(*pipe_, req.gen, *embeddings_) : req.gen);
+    w.live.push_back(k);
+    w.gens.push_back(staged_ && runnable_.count(&req) ? with_embeddings(*pipe_, req.gen, *embeddings_) : req.gen);
   }
+  return w;
+}
+
+// One part of the unit's batch: a stop agreed at any denoise step (a request
+// can take longer than the launcher's grace before its SIGKILL) ends the
+// loop; out of memory fails the unit at tp 1 (the batch goes on with the
+// caches given back) and ends the job in a larger TP group; a RequestError
+// fails every live request of the unit.
+void JobRun::unit_part(UnitWork& w, const std::function<void()>& part) {
+  if (w.failed || w.live.empty()) return;
   const auto t0 = Clock::now();
-  if (!gens.empty()) try {
-    std::vector<pipelines::GenerationResult> results;
+  try {
     try {
-      // A stop is agreed at every denoise step, not only between requests: a
-      // request can take longer than the launcher's grace before its SIGKILL.
-      results = pipe_->generate_batch(gens, [&](int64_t step, int64_t steps, double) {
-        drain();
-        if (!agree_stop()) return;
-        if (rank_ == 0) {
-          spdlog::info("stopping at step {} of {} of {}; it runs again on resume", step + 1, steps, unit.front()->id);
-        }
-        throw StopAgreed{};
-      });
+      part();
+    } catch (const StopAgreed&) {
+      throw;
     } catch (...) {
-      // Out of memory (anything else goes on unchanged): at tp 1 the unit's
-      // requests fail (below) and the batch goes on with the caches given
-      // back; in a larger TP group the job ends.
-      const RequestError e =
-          out_of_memory_error(std::current_exception(), requests_label(unit, live), session_.device().device);
+      const RequestError e = out_of_memory_error(std::current_exception(), requests_label(*w.unit, w.live),
+                                                 session_.device().device);
       if (mesh_->tp_size() > 1) {
         end_job_out_of_memory(e, fmt::format("On TP rank {} of {} (replica {}) the group cannot go on in step: its "
                                              "other ranks wait in the same forward",
                                              mesh_->tp_rank(), mesh_->tp_size(), mesh_->dp_rank()),
-                              live.size() == 1 ? "this request" : "these requests");
+                              w.live.size() == 1 ? "this request" : "these requests");
       }
       throw e;
     }
-    for (size_t i = 0; i < live.size(); ++i) {
-      const JobRequest& req = *unit[live[i]];
+  } catch (const StopAgreed&) {
+    compute_s_ += seconds_since(t0);
+    throw;
+  } catch (const RequestError& e) {
+    w.failed = true;
+    w.batch.reset();
+    for (size_t k : w.live) {
+      w.recs[k].status = "failed";
+      w.recs[k].error = e.what();
+    }
+  }
+  compute_s_ += seconds_since(t0);
+}
+
+pipelines::StepCallback JobRun::stop_check(const Unit& unit) {
+  return [this, &unit](int64_t step, int64_t steps, double) {
+    drain();
+    if (!agree_stop()) return;
+    if (rank_ == 0) {
+      spdlog::info("stopping at step {} of {} of {}; it runs again on resume", step + 1, steps, unit.front()->id);
+    }
+    throw StopAgreed{};
+  };
+}
+
+// The batch started and run through `stage` (weight stages: each in its turn).
+void JobRun::unit_stage(UnitWork& w, int64_t stage) {
+  unit_part(w, [&] {
+    if (!w.batch) w.batch = pipe_->start_batch(w.gens, stop_check(*w.unit));
+    pipe_->advance_batch(*w.batch, stage);
+  });
+}
+
+// The results: the outputs written (TP rank 0) and the records to world rank 0.
+void JobRun::end_unit(UnitWork& w) {
+  const bool leader = mesh_->tp_rank() == 0;
+  std::vector<pipelines::GenerationResult> results;
+  unit_part(w, [&] {
+    if (!w.batch) w.batch = pipe_->start_batch(w.gens, stop_check(*w.unit));
+    results = pipe_->finish_in_flight(*w.batch);
+    w.batch.reset();
+  });
+  if (!w.failed && !w.live.empty()) {
+    for (size_t i = 0; i < w.live.size(); ++i) {
+      const JobRequest& req = *(*w.unit)[w.live[i]];
       const auto& res = results[i];
-      ResultRecord& rec = recs[live[i]];
+      ResultRecord& rec = w.recs[w.live[i]];
       rec.encode_s += res.times.encode_s;
       rec.denoise_s = res.times.denoise_s();
       if (!res.error.empty()) {
@@ -234,18 +286,9 @@ void JobRun::run_unit(const Unit& unit) {
       if (leader) write_outputs(req, res, rec);
       rec.status = "done";
     }
-  } catch (const StopAgreed&) {
-    compute_s_ += seconds_since(t0);
-    throw;
-  } catch (const RequestError& e) {
-    for (size_t k : live) {
-      recs[k].status = "failed";
-      recs[k].error = e.what();
-    }
   }
-  compute_s_ += seconds_since(t0);
   if (leader) {
-    for (const auto& rec : recs) {
+    for (const auto& rec : w.recs) {
       if (rank_ == 0) {
         write_record(rec);
       } else {
@@ -254,6 +297,33 @@ void JobRun::run_unit(const Unit& unit) {
     }
   }
   drain();
+}
+
+// One unit on this replica: generate (every weight stage in turn), write the
+// images (TP rank 0), and the records to world rank 0. Staged: each
+// request's embeddings come from the cache.
+void JobRun::run_unit(const Unit& unit) {
+  UnitWork w = begin_unit(unit);
+  for (int64_t s = 0; s < pipe_->weight_stages(); ++s) unit_stage(w, s);
+  end_unit(w);
+}
+
+// A round's units when the pipeline holds its weights one stage at a time
+// (experts staged): every unit through stage 0, then every one through
+// stage 1, ..., then each finished, so the weights swap once per stage a
+// round. A stop agreed between units or at a step drops the round's batches
+// in flight (they run again on resume: nothing of them was recorded).
+void JobRun::run_round_by_stage(const std::vector<Unit>& round) {
+  std::vector<UnitWork> works;
+  works.reserve(round.size());
+  for (const Unit& unit : round) works.push_back(begin_unit(unit));
+  for (int64_t s = 0; s < pipe_->weight_stages(); ++s) {
+    for (UnitWork& w : works) {
+      if (agree_stop()) throw StopAgreed{};
+      unit_stage(w, s);
+    }
+  }
+  for (UnitWork& w : works) end_unit(w);
 }
 
 // Whether this replica stops now (SIGTERM / SIGINT on any of its ranks): an
@@ -277,12 +347,25 @@ void JobRun::replica_loop() {
                                          mode == "none" ? 1e18 : 10.0);
   loop_start_ = Clock::now();
   // Staged: rounds of schedule.stage_requests requests, each encoded before it runs.
-  const std::vector<std::vector<Unit>> rounds =
-      staged_ ? stage_rounds(mine_, plan_.manifest.stage_requests) : std::vector<std::vector<Unit>>{mine_};
+  // Experts staged: rounds too (of kExpertRoundRequests where stage_requests is 0), each run stage by stage.
+  const bool by_stage = pipe_->weight_stages() > 1;
+  const int64_t round_requests = by_stage && plan_.manifest.stage_requests == 0 ? kExpertRoundRequests
+                                                                               : plan_.manifest.stage_requests;
+  const std::vector<std::vector<Unit>> rounds = staged_ || by_stage ? stage_rounds(mine_, round_requests)
+                                                                    : std::vector<std::vector<Unit>>{mine_};
   for (const auto& round : rounds) {
     if (staged_ && !encode_phase(round)) {
       interrupted_ = true;
       break;
+    }
+    if (by_stage) {
+      try {
+        run_round_by_stage(round);
+      } catch (const StopAgreed&) {
+        interrupted_ = true;
+      }
+      if (interrupted_) break;
+      continue;
     }
     for (const Unit& unit : round) {
       if (agree_stop()) {

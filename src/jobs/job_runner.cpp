@@ -27,6 +27,8 @@
 #include "dist/session.h"
 #include "jobs/hdf5_store.h"
 #include "jobs/job_fit.h"
+#include "pipelines/fit_planner.h"
+#include "pipelines/pipeline_layout.h"
 #include "jobs/job_run.h"
 #include "jobs/job_schedule.h"
 #include "jobs/merge_results.h"
@@ -322,6 +324,47 @@ void JobRun::choose_phases() {
   }
 }
 
+// schedule.experts: "staged" / "resident" as set; "auto" asks the fit
+// planner whether both experts fit beside everything else at the job's tp
+// and phases (a pipeline without experts: nothing to choose).
+void JobRun::choose_experts() {
+  Manifest& m = plan_.manifest;
+  if (m.experts != "auto") {
+    stage_experts_ = m.experts == "staged";
+    return;
+  }
+  int64_t staged = 0;
+  control_.agree([&] {
+    const auto env = rank_env_from_variables(process_env());
+    const std::string device = session_.device().device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+    pipelines::FitQuery q = fit_query(m, plan_.requests, session_.world(), device);
+    q.ranks_per_node = env && env->local_size > 0 ? env->local_size : session_.world();
+    q.stages = staged_ ? "staged" : "together";
+    q.options.stage_experts = false;
+    pipelines::FitPlan plan;
+    try {
+      if (!pipelines::pipeline_layout(m.model, q.options).find("transformer_2")) return;
+      plan = pipelines::plan_fit(q);
+    } catch (const Error& e) {
+      // The load checks the folder itself and names what is wrong.
+      spdlog::warn("{}: the fit planner could not plan the experts ({}); schedule.experts = \"auto\" keeps both "
+                   "resident",
+                   m.path, e.what());
+      return;
+    }
+    const pipelines::FitCandidate* resident = plan.find(m.tp, q.stages);
+    if (resident && resident->fits) return;
+    staged = 1;
+  });
+  control_.broadcast(staged);
+  stage_experts_ = staged != 0;
+  if (rank_ == 0) {
+    spdlog::info("schedule.experts = \"{}\"{}: {}", m.experts, stage_experts_ ? " (staged)" : " (resident)",
+                 stage_experts_ ? "one expert held at a time, swapped once per round"
+                                : "every expert resident (or the pipeline has one)");
+  }
+}
+
 // 3. The pipeline model_index.json names (staged: its text encoders only);
 //    every request gets its defaults.
 void JobRun::load() {
@@ -346,6 +389,7 @@ void JobRun::load_pipeline(bool encoders_only) {
   lo.device = session_.device().device;
   lo.shard_text_encoders = m.shard_text_encoders;
   lo.shard_modulation = m.shard_modulation;
+  lo.stage_experts = stage_experts_;
   lo.component_base.memory = m.memory;
   lo.text_encoders = !staged_ || encoders_only;
   lo.denoiser = !staged_ || !encoders_only;

@@ -156,6 +156,12 @@ void read_schedule_table(const TomlDoc& doc, const toml::table& table, Manifest&
                    doc.fail(r.key(f), v, fmt::format("'{}' is not one of auto, together, staged", m.phases));
                  }
                }},
+              {"experts", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
+                 m.experts = r.str(f, v);
+                 if (m.experts != "auto" && m.experts != "resident" && m.experts != "staged") {
+                   doc.fail(r.key(f), v, fmt::format("'{}' is not one of auto, resident, staged", clip_text(m.experts)));
+                 }
+               }},
               {"stage_requests", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
                  m.stage_requests = r.integer(f, v, 0, pipelines::kMaxStageRequests);
                }},

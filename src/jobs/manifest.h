@@ -69,6 +69,11 @@ struct Manifest {
   // the fit planner says together does not fit).
   std::string phases = "auto";
   int64_t stage_requests = 0;  // staged: requests per encode/denoise round; 0 = all pending
+  // A pipeline with two experts (Wan 2.2 A14B): "resident" (both loaded),
+  // "staged" (one at a time: a round's batches through the high-noise
+  // expert, then the swap), "auto" (staged where the fit planner says
+  // resident does not fit). Other pipelines ignore it.
+  std::string experts = "auto";
   // The memory per rank the fit planner plans for (parallel.tp = "auto",
   // phases = "auto"); 0 = what the device (CUDA) or the host reports.
   uint64_t device_memory = 0;

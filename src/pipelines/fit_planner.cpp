@@ -212,13 +212,15 @@ RequestShape planned_shape(const PipelineLayout& l, const FitQuery& q) {
     const int64_t t = q.max_sequence_length > 0 ? q.max_sequence_length
                                                 : r.max_sequence_length.value_or(l.defaults.max_sequence_length.value_or(512));
     s.text_tokens = std::max(s.text_tokens, t);
+    s.frames = std::max(s.frames, q.frames > 0 ? q.frames : r.frames.value_or(l.defaults.frames.value_or(1)));
   }
   if (s.height == 0) {  // every request's size is its own error: plan for the defaults
     s.height = l.defaults.height.value_or(1024);
     s.width = l.defaults.width.value_or(1024);
     s.text_tokens = std::max<int64_t>(s.text_tokens, l.defaults.max_sequence_length.value_or(512));
   }
-  s.image_tokens = l.image_tokens(s.height, s.width);
+  if (q.frames > 0) s.frames = q.frames;
+  s.image_tokens = l.latent_tokens(s.height, s.width, s.frames);
   return s;
 }
 
@@ -333,6 +335,8 @@ FitPlan plan_fit(const FitQuery& q) {
   plan.width = shape.width;
   plan.batch = shape.batch;
   plan.text_tokens = shape.text_tokens;
+  plan.frames = shape.frames;
+  plan.staged_experts = q.options.stage_experts;
   plan.true_cfg = q.true_cfg;
   plan.stage_requests = q.stage_requests;
 

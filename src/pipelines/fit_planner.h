@@ -69,7 +69,7 @@ struct FitQuery {
   // longest text are planned for. None: one request of the defaults.
   std::vector<GenerationRequest> requests;
   // Set (> 0): every request's, overriding `requests`.
-  int64_t height = 0, width = 0, max_sequence_length = 0;
+  int64_t height = 0, width = 0, max_sequence_length = 0, frames = 0;
   int64_t batch = 1;      // requests denoised together (output.batch_size)
   bool true_cfg = false;  // a negative prompt encoded and denoised too
   int64_t stage_requests = 1;  // staged: requests whose embeddings a round keeps
@@ -126,7 +126,8 @@ struct FitPlan {
   std::string rank_memory_source;  // "--device-memory", "MemAvailable / 4 ranks", ...
   uint64_t overhead = 0;
   // The request planned for.
-  int64_t height = 0, width = 0, batch = 1, text_tokens = 0;
+  int64_t height = 0, width = 0, batch = 1, text_tokens = 0, frames = 1;
+  bool staged_experts = false;  // the query's options.stage_experts
   bool true_cfg = false;
   int64_t stage_requests = 1;
   std::vector<FitCandidate> candidates;  // by tp, then together before staged

@@ -1,6 +1,8 @@
 // A pipeline's layout from its spec and its folder's configs (see pipeline_layout.h).
 #include "pipelines/pipeline_layout.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -25,6 +27,11 @@ int64_t PipelineLayout::image_tokens(int64_t height, int64_t width) const {
   return image_seq_len(height, width, vae_scale_factor);
 }
 
+int64_t PipelineLayout::latent_tokens(int64_t height, int64_t width, int64_t frames) const {
+  const int64_t latent_frames = (std::max<int64_t>(frames, 1) - 1) / std::max<int64_t>(temporal_scale, 1) + 1;
+  return image_tokens(height, width) * latent_frames;
+}
+
 PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions& options) {
   const checkpoint::PipelineFolder pf = open_registered_folder(folder);  // load_pipeline's refusals
   const PipelineSpec* spec = find_pipeline_spec(pf.cls);
@@ -41,6 +48,7 @@ PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions&
   const std::string vae_dtype = models::vae_compute_dtype(vae, options.dtype);
   l.vae = models::vae_shape(vae, vae_dtype, options.device, options.component_base.memory);
   l.vae_scale_factor = vae.spatial_scale;
+  l.temporal_scale = vae.temporal_scale;
   l.defaults = spec->defaults.request(l.vae_scale_factor);
   for (const ComponentSpec* c : spec->models_in_load_order()) {
     if (!component_held(*c, options, 0)) continue;  // TP rank 0 holds whatever the load holds

@@ -49,6 +49,7 @@ struct PipelineLayout {
   int64_t pooled_dim = 0;      // a pooled embedding kept per encode (FLUX.1's CLIP); 0: none
   VaeShape vae;                // decoder channels, scale factor, dtype bytes, tiling (backend: the planner's)
   int64_t vae_scale_factor = 8;
+  int64_t temporal_scale = 1;  // frames per latent frame after the first (a video VAE's; 1: images)
   // The pipeline's __call__ defaults for what sizes a request: height,
   // width, max_sequence_length.
   GenerationRequest defaults;
@@ -56,6 +57,8 @@ struct PipelineLayout {
   const ComponentLayout* find(const std::string& component) const;
   // Image tokens of a height x width request (packed 2x2 latents).
   int64_t image_tokens(int64_t height, int64_t width) const;
+  // The same over every latent frame of a `frames`-frame result.
+  int64_t latent_tokens(int64_t height, int64_t width, int64_t frames) const;
 };
 
 // The layout of the pipeline `folder`'s model_index.json names, for a load
