@@ -32,6 +32,8 @@ class Call:
     diffusers_kw: dict = field(default_factory=dict)  # what only diffusers is given (schnell: guidance_scale 0)
     tps: tuple = (1, 2)
     extras: tuple = ((),)       # tprun flags, each run at each tp (Flux2Pipeline: the text encoder replicated)
+    frames: int = None          # --frames / num_frames (a video pipeline); None: neither is given
+    guidance_2: float = None    # --guidance-2 / guidance_scale_2 (Wan 2.2 A14B's second expert)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Variant:
     seed: int = 0
     edit: object = None
     check: object = None  # check(harness, pipe): what the edit must have made diffusers see
+    arch: str = None      # init-model --arch of the folder when not the family's own (wan-a14b)
 
 
 @dataclass
@@ -99,6 +102,7 @@ class Family:
     folder_check: object = None  # folder_check(harness, folder): what only this family's folder has
     errors_extra: object = None  # errors_extra(harness, work, folder): non-refusal checks of the errors case
     extra_cases: dict = field(default_factory=dict)  # case name -> fn(harness, work): one family's own checks
+    folder_call: dict = field(default_factory=dict)  # the folders case's diffusers call's extra arguments
 
 
 PROMPT = "a red fox in fresh snow, watercolor"
@@ -297,6 +301,26 @@ def png_pixels(path):
     return np.asarray(Image.open(path).convert("RGB"), dtype=np.int32)
 
 
+# ---- Wan -----------------------------------------------------------------------------------------------
+
+# Text WanPipeline's prompt_clean rewrites (HTML entities unescaped twice, whitespace runs collapsed) and text
+# outside the tiny tokenizer's vocabulary.
+WAN_PROMPTS = [PROMPT, "caf\u00e9 &amp;amp; cr\u00e8me &lt;b&gt;bold&lt;/b&gt;", "  inner   whitespace\tand\nnewlines  ",
+               "\u732b\u304c\u597d\u304d \U0001f98a", ""]
+
+
+def wan_ids(pipe, prompt, n):
+    """WanPipeline._get_t5_prompt_embeds: prompt_clean, padded to max_sequence_length (512), truncated."""
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+    ids = pipe.tokenizer([prompt_clean(prompt)], padding="max_length", max_length=n or 512, truncation=True,
+                         add_special_tokens=True, return_attention_mask=True)["input_ids"][0]
+    return {"tokenizer": [int(i) for i in ids]}
+
+
+def wan_boundary_without_transformer_2(d):
+    """A Wan 2.1 folder (one transformer) whose model_index.json gains Wan 2.2's boundary_ratio."""
+    edit_json(os.path.join(d, "model_index.json"), lambda j: j.update(boundary_ratio=0.875))
+
 FAMILIES = {f.cls: f for f in [
     Family(
         cls="FluxPipeline",
@@ -386,5 +410,29 @@ FAMILIES = {f.cls: f for f in [
         vocab={"tokenizer": "text_encoder"},
         allowed_missing="visual",  # the text encoder's vision tower: tprun never writes it, transformers draws it
         folder_check=qwen_folder,
+    ),
+    Family(
+        cls="WanPipeline",
+        token_cases=[(WAN_PROMPTS, None), ([PROMPT], 64)],
+        expected_ids=wan_ids,
+        variants=[
+            Variant("t2v", [Call("nocfg", PROMPT, frames=5, guidance=1.0, height=48, width=64),
+                            Call("cfg", PROMPT, seed=3, frames=9, guidance=5.0, negative=NEGATIVE)]),
+            Variant("a14b", [Call("experts", PROMPT, seed=5, frames=5, steps=4, guidance=4.0, guidance_2=3.0,
+                                  extras=((), ("--stage-experts",)))],
+                    arch="wan-a14b"),
+        ],
+        # Frames: WanPipeline's float video (output_type "np"); MP4s are H.264's lossy frames, not compared.
+        tolerance={"latents": 1e-3, "image": 2 / 255, "png": None},
+        refusals=[
+            Refusal("frames not 4k + 1", None, "frames", 3, extra=("--frames", "6")),
+            Refusal("boundary_ratio without transformer_2", wan_boundary_without_transformer_2, "transformer_2", 4),
+        ],
+        job=Job(os.path.join(ROOT, "jobs", "wan-demo.toml"), 4),
+        batch="WanPipeline's batches are the job case's (its prompts are padded to 512 tokens alike)",
+        long_prompt="WanPipeline's max_sequence_length is at most 512",
+        vae_forward="AutoencoderKLWan's forward is wan_vae_parity.py's (videos, tiling, the split decode)",
+        vocab={"tokenizer": "text_encoder"},
+        folder_call={"num_frames": 5},
     ),
 ]}

@@ -117,8 +117,9 @@ def diffusers_call(pipe, prompt, seed, steps, height, width, **kw):
         return k
     gen = ([torch.Generator("cpu").manual_seed(s) for s in seed] if isinstance(seed, (list, tuple))
            else torch.Generator("cpu").manual_seed(seed))
-    image = pipe(prompt=prompt, height=height, width=width, num_inference_steps=steps, generator=gen, output_type="np",
-                 callback_on_step_end=grab, **kw).images
+    out = pipe(prompt=prompt, height=height, width=width, num_inference_steps=steps, generator=gen, output_type="np",
+               callback_on_step_end=grab, **kw)
+    image = out.frames if hasattr(out, "frames") else out.images  # a video pipeline: [B, F, H, W, 3]
     return last["latents"].float().numpy(), np.asarray(image)
 
 
@@ -127,7 +128,8 @@ def call_args(c):
     flags, kw = [], dict(c.diffusers_kw)
     for flag, key, value in (("--guidance", "guidance_scale", c.guidance), ("--negative-prompt", "negative_prompt", c.negative),
                              ("--true-cfg-scale", "true_cfg_scale", c.true_cfg),
-                             ("--max-sequence-length", "max_sequence_length", c.max_sequence_length)):
+                             ("--max-sequence-length", "max_sequence_length", c.max_sequence_length),
+                             ("--frames", "num_frames", c.frames), ("--guidance-2", "guidance_scale_2", c.guidance_2)):
         if value is not None:
             flags += [flag, str(value)]
             kw[key] = value
@@ -135,14 +137,19 @@ def call_args(c):
 
 
 def tprun_generate(tag, folder, prompt, seed, steps, height, width, flags=(), tp=1):
-    """(tensors, png path) of `tprun generate` at tp; (None, why) when it failed."""
+    """(tensors, png path) of `tprun generate` at tp; (None, why) when it failed. A video (--frames above 1)
+    goes to an MP4 and its tensors' "video" is returned as "image" [1, F, H, W, 3]."""
     from safetensors.numpy import load_file
-    out, png = os.path.join(WORK, f"{tag}.safetensors"), os.path.join(WORK, f"{tag}.png")
+    video = "--frames" in flags and flags[list(flags).index("--frames") + 1] != "1"
+    out, png = os.path.join(WORK, f"{tag}.safetensors"), os.path.join(WORK, f"{tag}.{'mp4' if video else 'png'}")
     rc, log = H.run(["generate", "--model", folder, "--prompt", prompt, "--height", str(height), "--width", str(width),
                      "--steps", str(steps), "--seed", str(seed), "--out", png, "--out-tensors", out, *flags], np_=tp)
     if rc != 0:
         return None, f"exit {rc}: {log[-1500:]}"
-    return load_file(out), png
+    got = load_file(out)
+    if video:
+        got["image"] = got.pop("video")[None]
+    return got, png
 
 
 def compare(fam, label, got, png, ref_latents, ref_image):
@@ -218,10 +225,11 @@ def case_folders(fam):
         H.check(same == len(prompts), f"tprun tokenize ids equal {fam.cls}'s on {same} of {len(prompts)} prompts "
                 f"(max_sequence_length {n or 'default'})")
     torch.set_num_threads(1)
-    pipe(prompt=PROMPT, height=64, width=64, num_inference_steps=2, output_type="np")  # warm-up
+    pipe(prompt=PROMPT, height=64, width=64, num_inference_steps=2, output_type="np", **fam.folder_call)  # warm-up
     t0 = time.perf_counter()
-    image = pipe(prompt=PROMPT, height=64, width=64, num_inference_steps=2,
-                 generator=torch.Generator().manual_seed(0), output_type="np").images[0]
+    out = pipe(prompt=PROMPT, height=64, width=64, num_inference_steps=2,
+               generator=torch.Generator().manual_seed(0), output_type="np", **fam.folder_call)
+    image = out.frames[0][0] if hasattr(out, "frames") else out.images[0]  # a video's first frame
     dt = time.perf_counter() - t0
     H.check(image.shape == (64, 64, 3) and (image >= 0).all() and (image <= 1).all(),
             f"diffusers makes a 64x64 image in 2 steps, 1 thread: {dt:.3f} s (shape {image.shape}, std {image.std():.3f})")
@@ -235,7 +243,10 @@ def case_generate(fam, variant=None):
     for v in fam.variants:
         if variant is not None and v.name != variant:
             continue
-        d = folder_for(fam.cls, v.seed, None if v.edit is None else f"{fam.cls}-{v.name}")
+        if v.arch is not None:
+            d = init_model(H.tprun, os.path.join(WORK, f"{v.arch}-seed{v.seed}"), v.arch, "--seed", str(v.seed))
+        else:
+            d = folder_for(fam.cls, v.seed, None if v.edit is None else f"{fam.cls}-{v.name}")
         if v.edit is not None:
             v.edit(d)
         pipe = load_pipe(d)
@@ -334,7 +345,8 @@ def case_job(fam):
                     f"phases {what}, summary: " + (saved[0].split("] ")[-1] if saved else "missing"))
         outs[phases] = (out, args, records)
     first, (out, args, records) = spec.phases[0], outs[spec.phases[-1]]
-    names = sorted(os.listdir(os.path.join(outs[first][0], "images")))
+    images = os.path.join(outs[first][0], "images")
+    names = sorted(os.listdir(images)) if os.path.isdir(images) else []  # a video job writes videos/
     for phases in spec.phases[1:]:
         same = [n for n in names if open(os.path.join(outs[first][0], "images", n), "rb").read()
                 == open(os.path.join(outs[phases][0], "images", n), "rb").read()]
