@@ -42,6 +42,11 @@ def run(args):
     from diffusers.utils import logging as dlogging
     dlogging.disable_progress_bar()
     t_import = time.perf_counter()
+    if args.pipeline == "wan":
+        # WanTransformer3DModel keeps some modules in fp32 (_keep_in_fp32_modules), which diffusers 0.40
+        # loads only with low_cpu_mem_usage, i.e. with accelerate, which the venv does not hold. In fp32
+        # every module is fp32 already: loading without the list gives the same model.
+        diffusers.WanTransformer3DModel._keep_in_fp32_modules = None
     pipe = getattr(diffusers, PIPELINES[args.pipeline]).from_pretrained(args.folder, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     t_load = time.perf_counter()
@@ -49,7 +54,8 @@ def run(args):
     requests = [json.loads(l) for l in open(args.requests) if l.strip() and not l.lstrip().startswith("#")]
     mine = requests[index::count]
     images = os.path.join(args.out, "images")
-    os.makedirs(images, exist_ok=True)
+    if args.pipeline != "wan":  # (a video's frames go to OUT/videos/<id>/)
+        os.makedirs(images, exist_ok=True)
     with torch.inference_mode():
         for r in mine:
             if args.pipeline == "wan":
