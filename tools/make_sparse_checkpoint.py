@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Write a FLUX.1, FLUX.2 or Qwen-Image transformer checkpoint, or FLUX.2-dev's
-or Qwen-Image's text encoder, as sparse files: real tensor names, shapes and shard layout, no real
+"""Write a FLUX.1, FLUX.2, Qwen-Image or Wan transformer checkpoint, or FLUX.2-dev's,
+Qwen-Image's or Wan's (UMT5-XXL) text encoder, as sparse files: real tensor names, shapes and shard layout, no real
 bytes (holes read as zeros), so a 24 GB (FLUX.1-dev), 64 GB (FLUX.2-dev) or
 48 GB (Mistral-Small-24B) checkpoint costs no disk. Names, shapes and
 state_dict order come from the library's own class built on the meta device;
@@ -8,13 +8,13 @@ shards are filled greedily in state_dict order up to --max-shard-size, as
 save_pretrained does, and the index is the library's.
 
   make_sparse_checkpoint.py OUT [--arch flux1-dev|flux2-dev|flux2-klein-4b|flux2-klein-9b|mistral-small-24b|
-                                        qwen-image|qwen2.5-vl-7b]
+                                        qwen-image|qwen2.5-vl-7b|wan2.1-1.3b|wan2.1-14b|umt5-xxl]
                             [--layers N] [--single-layers N] [--max-shard-size SIZE] [--dtype bf16]
 
 --layers / --single-layers override the architecture's block counts (a
 shortened model of the same width; mistral-small-24b: --layers is the text
-model's num_hidden_layers). The FLUX.2 configurations are those of diffusers'
-scripts/convert_flux2_to_diffusers.py (flux2-dev = the class's defaults;
+model's num_hidden_layers; umt5-xxl: the encoder's num_layers). The FLUX.2
+configurations are those of diffusers' scripts/convert_flux2_to_diffusers.py (flux2-dev = the class's defaults;
 klein-4b / klein-9b without the guidance embedder).
 
 mistral-small-24b is FLUX.2-dev's text_encoder/ (Mistral-Small-3.1-24B-Instruct-2503):
@@ -64,10 +64,21 @@ ARCHS = {
     "qwen-image": ("QwenImageTransformer2DModel", dict(
         patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
         num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56))),
+    # Wan-AI/Wan2.1-T2V-1.3B-Diffusers' and Wan2.1-T2V-14B-Diffusers' transformer/config.json (Wan2.2-T2V-A14B's
+    # two experts have the 14B config): dim 1536 = 12 x 128, FFN 8960, 30 layers; 5120 = 40 x 128, 13824, 40.
+    "wan2.1-1.3b": ("WanTransformer3DModel", dict(
+        patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+        text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None, rope_max_seq_len=1024)),
+    "wan2.1-14b": ("WanTransformer3DModel", dict(
+        patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
+        text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None, rope_max_seq_len=1024)),
 }
 # transformers models: builder of (class name, config) from --layers.
 TRANSFORMERS_ARCHS = {"mistral-small-24b": lambda layers: mistral_small_24b(layers),
-                      "qwen2.5-vl-7b": lambda layers: qwen2_5_vl_7b(layers)}
+                      "qwen2.5-vl-7b": lambda layers: qwen2_5_vl_7b(layers),
+                      "umt5-xxl": lambda layers: umt5_xxl_encoder(layers)}
 
 
 def qwen2_5_vl_7b(layers):
@@ -104,6 +115,20 @@ def mistral_small_24b(layers):
                          multimodal_projector_bias=False, projector_hidden_act="gelu", vision_feature_layer=-1,
                          tie_word_embeddings=False)
     return "Mistral3ForConditionalGeneration", cfg
+
+def umt5_xxl_encoder(layers):
+    """UMT5EncoderModel, google/umt5-xxl's encoder as the Wan 2.1 / 2.2 folders' text_encoder/config.json has it
+    (4096 wide, 24 layers, 64 heads x 64, gated-gelu FFN 10240, vocab 256384, a relative position bias in every
+    layer); 5.7 B parameters, only shared.weight saved for the tied input embeddings."""
+    from transformers import UMT5Config
+    cfg = UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=layers or 24,
+                     num_decoder_layers=24, num_heads=64, relative_attention_num_buckets=32,
+                     relative_attention_max_distance=128, dropout_rate=0.1, layer_norm_epsilon=1e-6,
+                     feed_forward_proj="gated-gelu", is_encoder_decoder=True, use_cache=True, pad_token_id=0,
+                     eos_token_id=1, decoder_start_token_id=0, scalable_attention=True, output_past=True,
+                     tokenizer_class="T5Tokenizer")
+    return "UMT5EncoderModel", cfg
+
 
 # --dtype: torch's dtype (by name), safetensors' dtype, element size.
 DTYPES = {"bf16": ("bfloat16", "BF16", 2), "fp16": ("float16", "F16", 2), "fp32": ("float32", "F32", 4)}
@@ -159,7 +184,8 @@ def meta_state(args):
         cls_name, cfg = TRANSFORMERS_ARCHS[args.arch](args.layers)
         state, save_config, parameters = transformers_meta_state(cls_name, cfg, args.dtype)
         layers = cfg.get_text_config().num_hidden_layers
-        return (cls_name, state, save_config, "model", parameters, f"{layers} text layers + vision tower")
+        vision = " + vision tower" if getattr(cfg, "vision_config", None) is not None else ""
+        return (cls_name, state, save_config, "model", parameters, f"{layers} text layers{vision}")
     cls_name, cfg = ARCHS[args.arch]
     cfg = dict(cfg)
     if args.layers is not None:

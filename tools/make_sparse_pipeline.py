@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
 """Write a whole FLUX.1 [dev] / FLUX.2 [klein] 4B / [klein] 9B / FLUX.2 [dev] /
-Qwen-Image pipeline folder as sparse files: every component's real tensor names, shapes
-and shard layout, no real bytes (holes read as zeros), so `tprun plan`,
-`tprun inspect` and loads can be measured on full-size models without the
-disk (or the download). Each component is written as
-tools/make_sparse_checkpoint.py writes a transformer: its library's class
-built on the meta device, shards filled greedily as save_pretrained does.
+Qwen-Image / Wan 2.1 T2V 1.3B / 14B / Wan 2.2 T2V A14B pipeline folder as sparse
+files: every component's real tensor names, shapes and shard layout, no
+real bytes (holes read as zeros), so `tprun plan`, `tprun inspect` and loads
+can be measured on full-size models without the disk (or the download). Each
+component is written as tools/make_sparse_checkpoint.py writes a transformer:
+its library's class built on the meta device, shards filled greedily as
+save_pretrained does.
 
-  make_sparse_pipeline.py OUT --arch flux1-dev|flux2-klein-4b|flux2-klein-9b|flux2-dev|qwen-image
+  make_sparse_pipeline.py OUT --arch flux1-dev|flux2-klein-4b|flux2-klein-9b|flux2-dev|qwen-image|
+                                     wan2.1-1.3b|wan2.1-14b|wan2.2-a14b
                           [--dtype bf16] [--tprun PATH] [--force]
 
 Where the shapes come from (no download is possible here, so the published
 repositories' config.json values are written out below, each beside its source):
   transformer/    make_sparse_checkpoint.ARCHS (diffusers' classes; FLUX.2 from
                   diffusers' scripts/convert_flux2_to_diffusers.py), 10GB shards.
+                  Wan: WanTransformer3DModel with the hub's Wan2.1-T2V-1.3B / -14B
+                  configs; Wan 2.2 A14B: transformer/ (high-noise expert) and
+                  transformer_2/ (low-noise), both with the 14B config.
   text encoders   FLUX.1 [dev]: CLIP ViT-L/14's text model (openai/clip-vit-large-
                   patch14, text_encoder/) and the T5 v1.1 XXL encoder (google/t5-v1_1-
                   xxl, text_encoder_2/); [klein] 4B: Qwen3-4B (36 layers x 2560);
@@ -21,18 +26,21 @@ repositories' config.json values are written out below, each beside its source):
                   the transformers' joint_attention_dim (7680, 12288), the pipeline
                   stacking three hidden states; FLUX.2 [dev]: Mistral-Small-3.1-24B
                   (make_sparse_checkpoint.mistral_small_24b); Qwen-Image: Qwen2.5-VL-7B
-                  (make_sparse_checkpoint.qwen2_5_vl_7b). Sharded at 5GB, as those
+                  (make_sparse_checkpoint.qwen2_5_vl_7b); Wan: the UMT5-XXL encoder
+                  (make_sparse_checkpoint.umt5_xxl_encoder). Sharded at 5GB, as those
                   checkpoints are published (transformers 5.17's own default, 50GB,
                   would write one file).
   vae/            FLUX.1: AutoencoderKL with FLUX.1's config (16 latent channels,
                   scaling 0.3611, shift 0.1159, no quant convs); FLUX.2:
                   AutoencoderKLFlux2's defaults (diffusers: the FLUX.2 VAE); Qwen-Image:
-                  AutoencoderKLQwenImage's defaults (Qwen-Image's vae/config.json).
+                  AutoencoderKLQwenImage's defaults (Qwen-Image's vae/config.json);
+                  Wan: AutoencoderKLWan's defaults (the Wan 2.1 VAE of all three).
   scheduler/, tokenizer*/, model_index.json
                   copied from `tprun init-model TMP --arch <family>` (tiny
                   vocabularies: every id they produce is below the real encoders'
                   vocabularies); [klein]'s model_index.json gets is_distilled true,
-                  as the published 4-step [klein] 4B / 9B releases have it.
+                  as the published 4-step [klein] 4B / 9B releases have it; Wan 2.2
+                  A14B's (`--arch wan-a14b`) has boundary_ratio 0.875.
 """
 import argparse
 import json
@@ -91,15 +99,22 @@ FLUX1_VAE = ("AutoencoderKL", dict(
     use_post_quant_conv=False))
 FLUX2_VAE = ("AutoencoderKLFlux2", {})  # the class's defaults are FLUX.2's VAE
 QWEN_IMAGE_VAE = ("AutoencoderKLQwenImage", {})  # the class's defaults are Qwen-Image's VAE (the Wan 2.1 design)
+WAN_VAE = ("AutoencoderKLWan", {})  # the class's defaults are Wan 2.1's VAE (Wan 2.1 and Wan 2.2 A14B ship it)
+WAN_TEXT = {"text_encoder": lambda: msc.umt5_xxl_encoder(None)}
 
-# arch -> (init-model family, transformer arch, {text component: builder}, vae)
+# arch -> (init-model family, transformer arch, {text component: builder}, vae); the two-expert
+# pipelines' second transformer in SECOND_EXPERT: arch -> its transformer arch (transformer_2/).
 PIPELINES = {
     "flux1-dev": ("flux", "flux1-dev", {"text_encoder": clip_l, "text_encoder_2": t5_xxl_encoder}, FLUX1_VAE),
     "flux2-klein-4b": ("flux2-klein", "flux2-klein-4b", {"text_encoder": lambda: qwen3(2560, 9728, True)}, FLUX2_VAE),
     "flux2-klein-9b": ("flux2-klein", "flux2-klein-9b", {"text_encoder": lambda: qwen3(4096, 12288, False)}, FLUX2_VAE),
     "flux2-dev": ("flux2-dev", "flux2-dev", {"text_encoder": lambda: msc.mistral_small_24b(None)}, FLUX2_VAE),
     "qwen-image": ("qwen-image", "qwen-image", {"text_encoder": lambda: msc.qwen2_5_vl_7b(None)}, QWEN_IMAGE_VAE),
+    "wan2.1-1.3b": ("wan", "wan2.1-1.3b", WAN_TEXT, WAN_VAE),
+    "wan2.1-14b": ("wan", "wan2.1-14b", WAN_TEXT, WAN_VAE),
+    "wan2.2-a14b": ("wan-a14b", "wan2.1-14b", WAN_TEXT, WAN_VAE),
 }
+SECOND_EXPERT = {"wan2.2-a14b": "wan2.1-14b"}
 
 
 def write_diffusers(out, cls_name, cfg, dtype):
@@ -149,6 +164,9 @@ def main():
     sizes = {}
     cls_name, cfg = msc.ARCHS[transformer_arch]
     sizes["transformer"] = write_diffusers(os.path.join(args.out, "transformer"), cls_name, cfg, args.dtype)
+    if args.arch in SECOND_EXPERT:
+        cls_2, cfg_2 = msc.ARCHS[SECOND_EXPERT[args.arch]]
+        sizes["transformer_2"] = write_diffusers(os.path.join(args.out, "transformer_2"), cls_2, cfg_2, args.dtype)
     for name, builder in encoders.items():
         sizes[name] = write_transformers(os.path.join(args.out, name), builder, args.dtype)
     sizes["vae"] = write_diffusers(os.path.join(args.out, "vae"), vae_cls, vae_cfg, args.dtype)

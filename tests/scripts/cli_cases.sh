@@ -142,6 +142,23 @@ assert text.get("prompt") == "caf\u00e9 \u2615 left right", text
 print("PNG text round-trips:", text["prompt"])
 PY
   ;;
+init_model_wan)
+  # `init-model --arch wan | wan-a14b`: listed in --help; a bad preset or architecture refused with
+  # exit 3 on every rank, naming what is known, and no folder (nor its temporary) left behind.
+  run 60 "$tprun" init-model --help
+  grep -q 'wan (Wan 2.1 text to video, WanPipeline)' out || fail "--help does not list --arch wan"
+  grep -q 'wan-a14b (Wan 2.2 A14B, WanPipeline with two' out || fail "--help does not list --arch wan-a14b"
+  for arch in wan wan-a14b; do
+    run 60 "${mpi[@]}" -np 2 "$tprun" init-model "$work/m-$arch" --arch $arch --preset huge
+    [ "$rc" -eq 3 ] || fail "--arch $arch --preset huge: exit $rc, expected 3"
+    [ "$(count "\[r[01]/2\] \[error\] config error: unknown preset 'huge'; choose one of: tiny, small")" -eq 2 ] ||
+      fail "--arch $arch --preset huge: not refused by both ranks naming tiny and small"
+    ls -d "$work"/m-* >/dev/null 2>&1 && fail "--arch $arch: a refused preset left a folder"
+  done
+  run 60 "$tprun" init-model "$work/m" --arch wan2.1
+  [ "$rc" -eq 3 ] || fail "--arch wan2.1: exit $rc, expected 3"
+  grep -q "'wan2.1' is not known (.*wan, wan-a14b" out || fail "--arch wan2.1: the known archs not named"
+  ;;
 *) echo "unknown case $case_name"; exit 2 ;;
 esac
 echo "PASS [$case_name]"

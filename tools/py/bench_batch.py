@@ -1,11 +1,12 @@
-"""tools/bench_batch's Python (--flux2-klein and --qwen-image): the diffusers rows and the report.
+"""tools/bench_batch's Python (--flux2-klein, --qwen-image, --wan): the diffusers rows and the report.
 
   python tools/py/bench_batch.py diffusers-row LAYOUT PROCESSES THREADS WALL OUT
       prints one JSON row from OUT/timing-*.json (what tools/py/bench_batch_diffusers.py run wrote,
       one file per process) and the whole-process wall seconds the caller measured
   python tools/py/bench_batch.py report ROWS WORKDIR
       the table (each row's fastest run, with the median and range when repeated) and the images
-      of every tprun layout against diffusers' (WORKDIR/diffusers-dp1, WORKDIR/diffusers-dp2)
+      (videos: every frame) of every tprun layout against diffusers' (WORKDIR/diffusers-dp1,
+      WORKDIR/diffusers-dp2)
 
 tools/bench_batch runs both (`tools/bench_batch --help` describes the benchmark).
 """
@@ -35,9 +36,11 @@ def diffusers_row(args):
 
 
 def compare(a, b):
-    """bench_batch_diffusers.py compare of two runs' images, as one table cell."""
-    out = subprocess.run([sys.executable, os.path.join(HERE, "bench_batch_diffusers.py"), "compare", a + "/images",
-                          b + "/images"], capture_output=True, text=True)
+    """bench_batch_diffusers.py compare of two runs' images (videos/: every frame of every video), as one
+    table cell."""
+    sub = "videos" if os.path.isdir(os.path.join(a, "videos")) else "images"
+    out = subprocess.run([sys.executable, os.path.join(HERE, "bench_batch_diffusers.py"), "compare",
+                          os.path.join(a, sub), os.path.join(b, sub)], capture_output=True, text=True)
     c = json.loads(out.stdout)
     bad = f" ({'; '.join(c['problems'])})" if c["problems"] else ""
     return f"{c['max_abs_diff_uint8']} ({c['identical']} of {c['images']} identical){bad}"
@@ -62,8 +65,8 @@ def report(args):
         tprun_tools.table_row([runner, layout, f"{r['np']} x {r['threads']}", r["images"], walls,
                                f"{r['images'] / r['wall']:.3f}", f"{r['wall'] - r['loop']:.2f}", f"{r['loop']:.2f}",
                                f"{r['images'] / r['loop']:.3f}", over])
-    print("\nImages (uint8 RGB PNGs, every request; the last run of each row): max abs difference (of 255) from "
-          "diffusers' with 2 threads (dp 1) and with 1 thread per process (dp 2):\n")
+    print("\nImages (uint8 RGB PNGs, every request, every frame of a video; the last run of each row): max abs "
+          "difference (of 255) from diffusers' with 2 threads (dp 1) and with 1 thread per process (dp 2):\n")
     tprun_tools.table_header(["images", "vs diffusers dp 1 (1 x 2)", "vs diffusers dp 2 (2 x 1)"])
     d1, d2 = args.work + "/diffusers-dp1", args.work + "/diffusers-dp2"
     seen = set()

@@ -15,6 +15,8 @@ JSON for the bash driver, and the reports.
       (inspect, the plan with and without the layer cut, a count from the headers) and the runs
   python tools/py/bench_load.py report-qwen-image RESULTS PLANS INSPECT
       Qwen-Image: bytes per rank (inspect, plan, read) per component and tp
+  python tools/py/bench_load.py report-wan RESULTS PLANS INSPECT
+      Wan (the 14B transformer, UMT5-XXL): the same table
 
 tools/bench_load runs these (`tools/bench_load --help` describes the benchmark).
 """
@@ -32,7 +34,9 @@ import tprun_tools  # noqa: E402
 NAMES = {"flux-dev": "FLUX.1-dev", "flux-short": "shortened", "flux2-dev": "FLUX.2-dev",
          "flux2-short": "FLUX.2-dev shortened (2+8)", "flux2-klein-4b": "FLUX.2-klein-4B",
          "flux2-klein-9b": "FLUX.2-klein-9B", "qwen-image": "Qwen-Image transformer",
-         "qwen-image-short": "Qwen-Image shortened (6 blocks)", "qwen2.5-vl-7b": "Qwen2.5-VL-7B text encoder"}
+         "qwen-image-short": "Qwen-Image shortened (6 blocks)", "qwen2.5-vl-7b": "Qwen2.5-VL-7B text encoder",
+         "wan2.1-14b": "Wan2.1-T2V-14B transformer", "wan-short": "Wan 14B shortened (4 blocks)",
+         "umt5-xxl": "UMT5-XXL text encoder"}
 
 
 def gb(b):
@@ -174,18 +178,28 @@ def report_mistral(args):
     print(f"\nruns with read == slice + replicated to the byte: {same} of {n}")
 
 
-# ---- the Qwen-Image set ----------------------------------------------------------------------
+# ---- the Qwen-Image and Wan sets --------------------------------------------------------------
 
 def report_qwen_image(args):
+    report_components(args, {"qwen-image": "transformer", "qwen2.5-vl-7b": "text encoder"},
+                      "the encoder's: the text model only")
+
+
+def report_wan(args):
+    report_components(args, {"wan2.1-14b": "transformer (14B; each A14B expert)", "umt5-xxl": "text encoder (UMT5-XXL)"},
+                      "the encoder's: every layer and the shared embedding")
+
+
+def report_components(args, names, plan_note):
+    """Bytes per rank of a pipeline's components: inspect, the load's plan, what shard-on-load read."""
     rows = tprun_tools.read_json_lines(args.results)
     plans = tprun_tools.read_json_lines(args.plans)
     inspect = {(j["model"], j["tp"]): j for j in read_lines(args.inspect)}
-    names = {"qwen-image": "transformer", "qwen2.5-vl-7b": "text encoder"}
     base = lambda path: path.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
     plan = {(base(p["model"]), p["tp"], p["shard_modulation"]): p for p in plans}
     read = {(base(r["model"]), r["tp"]): r for r in rows if r["mode"] == "shard-on-load"}
     print("Bytes per rank (rank 1; GB): `tprun inspect --tp N` (every tensor of the checkpoint), the load's plan "
-          "(slices + replicated; the encoder's: the text model only) and what shard-on-load read:\n")
+          f"(slices + replicated; {plan_note}) and what shard-on-load read:\n")
     tprun_tools.table_header(["component", "checkpoint (GB)", "tp", "inspect", "plan", "read", "read == plan",
                               "inspect - read", "plan, AdaLN sharded"])
     for (m, tp), i in sorted(inspect.items()):
@@ -283,18 +297,19 @@ def main():
     i.add_argument("--model")
     r = sub.add_parser("report", help="the runs table of any set")
     r.add_argument("results")
-    r.add_argument("set", choices=["flux1", "flux2", "mistral", "qwen-image"])
+    r.add_argument("set", choices=["flux1", "flux2", "mistral", "qwen-image", "wan"])
     r.add_argument("inspect", nargs="?", default="")
     r.add_argument("bytes", nargs="?", default="")
     m = sub.add_parser("report-mistral", help="the Mistral set's tables")
     for name in ("results", "plans", "inspect", "folder"):
         m.add_argument(name)
-    q = sub.add_parser("report-qwen-image", help="the Qwen-Image set's bytes table")
-    for name in ("results", "plans", "inspect"):
-        q.add_argument(name)
+    for set_name in ("qwen-image", "wan"):
+        q = sub.add_parser(f"report-{set_name}", help=f"the {set_name} set's bytes table")
+        for name in ("results", "plans", "inspect"):
+            q.add_argument(name)
     args = ap.parse_args()
     {"rank-bytes": rank_bytes, "keep-bytes": keep_bytes, "inspect-line": inspect_line, "report": report,
-     "report-mistral": report_mistral, "report-qwen-image": report_qwen_image}[args.cmd](args)
+     "report-mistral": report_mistral, "report-qwen-image": report_qwen_image, "report-wan": report_wan}[args.cmd](args)
 
 
 if __name__ == "__main__":

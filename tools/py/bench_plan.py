@@ -3,7 +3,10 @@ size and memory per device; prints the chosen plan per cell (projected gain agai
 component resident with the smallest tp that fits) and the time of each call, wall and CPU.
 
   python tools/py/bench_plan.py WORKDIR --archs "A B" --worlds "1 2 4 8" --memory "24GB 80GB"
-                                [--device cuda]
+                                [--device cuda] [--video-sizes "480x832x81 720x1280x81"]
+
+Image pipelines are planned at 1024x1024; the video pipelines (Wan) once per --video-sizes entry
+HEIGHTxWIDTHxFRAMES (default 480p and 720p, 81 frames: Wan 2.1's and 2.2's own sizes).
 
 WORKDIR/<arch> are the folders tools/make_sparse_pipeline.py wrote; the binary is TPRUN_BIN /
 TPRUN_BUILD_DIR/bin/tprun (tools/py/tprun_tools.py). tools/bench_plan runs this.
@@ -22,7 +25,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tprun_tools  # noqa: E402
 
 NAMES = {"flux1-dev": "FLUX.1 [dev]", "flux2-klein-4b": "FLUX.2 [klein] 4B", "flux2-klein-9b": "FLUX.2 [klein] 9B",
-         "flux2-dev": "FLUX.2 [dev]"}
+         "flux2-dev": "FLUX.2 [dev]", "qwen-image": "Qwen-Image", "wan2.1-1.3b": "Wan2.1-T2V-1.3B",
+         "wan2.1-14b": "Wan2.1-T2V-14B", "wan2.2-a14b": "Wan2.2-T2V-A14B"}
+VIDEO = {"wan2.1-1.3b", "wan2.1-14b", "wan2.2-a14b"}  # planned per --video-sizes entry, with --frames
+
+
+def sizes(arch, video_sizes):
+    """[(label, plan size arguments)] of an arch: 1024x1024 for an image pipeline, each video size for Wan."""
+    if arch not in VIDEO:
+        return [("", ["--height", "1024", "--width", "1024"])]
+    out = []
+    for v in video_sizes:
+        h, w, f = v.split("x")
+        out.append((f" {h}x{w}, {f} frames", ["--height", h, "--width", w, "--frames", f]))
+    return out
 
 
 def timed(cmd):
@@ -36,12 +52,11 @@ def timed(cmd):
     return out.stdout, out.returncode, wall, cpu
 
 
-def plan(tprun, work, arch, world, memory, device):
+def plan(tprun, work, arch, world, memory, device, size_args):
     """The planner's JSON (None where it printed none), wall seconds, CPU seconds of the process, exit code."""
     text, code, wall, cpu = timed([
         tprun, "plan", "--model", os.path.join(work, arch), "--world", str(world), "--device-memory", memory,
-        "--device", device, "--dtype", "bf16", "--height", "1024", "--width", "1024", "--batch", "1", "--json",
-        "--log-level", "error"])
+        "--device", device, "--dtype", "bf16"] + size_args + ["--batch", "1", "--json", "--log-level", "error"])
     text = text.strip()
     return (json.loads(text) if text.startswith("{") else None), wall, cpu, code
 
@@ -65,26 +80,30 @@ def main():
     ap.add_argument("--worlds", required=True, help="space-separated world sizes")
     ap.add_argument("--memory", required=True, help="space-separated memory per device (tprun plan --device-memory)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--video-sizes", default="480x832x81 720x1280x81",
+                    help="HEIGHTxWIDTHxFRAMES entries the video pipelines are planned at")
     args = ap.parse_args()
     tprun, work, device = tprun_tools.tprun_binary(), args.work, args.device
     archs, worlds, memories = args.archs.split(), [int(w) for w in args.worlds.split()], args.memory.split()
 
     times, rows = {}, []
+    video_sizes = args.video_sizes.split()
     for arch in archs:
-        for memory in memories:
-            cells = []
-            for world in worlds:
-                p, wall, cpu, code = plan(tprun, work, arch, world, memory, device)
-                times.setdefault(arch, []).append((wall, cpu))
-                cells.append(cell(p, world))
-            rows.append((arch, memory, cells))
+        for size_label, size_args in sizes(arch, video_sizes):
+            for memory in memories:
+                cells = []
+                for world in worlds:
+                    p, wall, cpu, code = plan(tprun, work, arch, world, memory, device, size_args)
+                    times.setdefault(arch, []).append((wall, cpu))
+                    cells.append(cell(p, world))
+                rows.append((NAMES.get(arch, arch) + size_label, memory, cells))
 
     print(f"Chosen plan per cell: tp x dp, phases (projected throughput against the smallest tp that fits with "
-          f"every component resident: dp_chosen / dp_resident); bf16, 1024x1024, batch 1, --device {device}\n")
+          f"every component resident: dp_chosen / dp_resident); bf16, 1024x1024 (video: the size named), batch 1, "
+          f"--device {device}\n")
     tprun_tools.table(["pipeline", "memory per device"] + [f"world {w}" for w in worlds],
-                      [[NAMES.get(arch, arch), memory] + cells for arch, memory, cells in rows])
-    print("\n`tprun plan` per call (whole process), over the "
-          f"{len(worlds) * len(memories)} calls of each pipeline:\n")
+                      [[name, memory] + cells for name, memory, cells in rows])
+    print("\n`tprun plan` per call (whole process), over the calls of each pipeline:\n")
     tprun_tools.table_header(["pipeline", "wall s median", "wall s max", "CPU s median", "CPU s max",
                               "target (< 2 s, FLUX.2 [dev]): median / max"])
     for arch in archs:
