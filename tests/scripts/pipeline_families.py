@@ -428,7 +428,7 @@ FAMILIES = {f.cls: f for f in [
             Refusal("frames not 4k + 1", None, "frames", 3, extra=("--frames", "6")),
             Refusal("boundary_ratio without transformer_2", wan_boundary_without_transformer_2, "transformer_2", 4),
         ],
-        job=Job(os.path.join(ROOT, "jobs", "wan-demo.toml"), 4),
+        job=Job(os.path.join(ROOT, "jobs", "wan-demo.toml"), 6),
         batch="WanPipeline's batches are the job case's (its prompts are padded to 512 tokens alike)",
         long_prompt="WanPipeline's max_sequence_length is at most 512",
         vae_forward="AutoencoderKLWan's forward is wan_vae_parity.py's (videos, tiling, the split decode)",
