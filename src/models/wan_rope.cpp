@@ -26,16 +26,14 @@ nn::Rope wan_rope(int64_t frames, int64_t height, int64_t width, int64_t head_di
                        true);
   }
   // Positions (f, r, c) of every token, frame-major; exact in fp32 (< 2^24).
-  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  // Made on `device`, so the tables are computed there (no host copy per step).
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
   const at::Tensor f = at::arange(frames, f32).view({frames, 1, 1}).expand({frames, height, width});
   const at::Tensor r = at::arange(height, f32).view({1, height, 1}).expand({frames, height, width});
   const at::Tensor c = at::arange(width, f32).view({1, 1, width}).expand({frames, height, width});
   const at::Tensor ids = at::stack({f.reshape({-1}), r.reshape({-1}), c.reshape({-1})}, 1);
   const std::array<int64_t, 3> dims = wan_rope_dims(head_dim);
-  nn::Rope rope = nn::rope_frequencies(ids, {dims[0], dims[1], dims[2]}, 10000.0);
-  *rope.cos = rope.cos->to(device);
-  *rope.sin = rope.sin->to(device);
-  return rope;
+  return nn::rope_frequencies(ids, {dims[0], dims[1], dims[2]}, 10000.0);
 }
 
 }  // namespace tprun::models
