@@ -262,8 +262,9 @@ def case_validation():
 
 
 def cast_modules(model):
-    return sorted(n for n, m in model.named_modules()
-                  if getattr(m, "_diffusers_hook", None) is not None and m._diffusers_hook.get_hook("layerwise_casting"))
+    """The modules diffusers' enable_layerwise_casting hooked."""
+    return sorted(n for n, m in model.named_modules() if getattr(m, "_diffusers_hook", None) is not None
+                  and m._diffusers_hook.get_hook("layerwise_casting"))
 
 
 def from_pretrained_16bit(model, dtype):
@@ -300,6 +301,7 @@ def case_bf16():
             check(mods and not any(("norm" in m or "condition_embedder" in m or "patch_embedding" in m) for m in mods),
                   f"fp8: diffusers casts {len(mods)} modules, none of the embedders / norms")
             spread = (want - w.expected).abs().max().item()
+            check(spread > NORM_MIN_EFFECT, f"fp8: diffusers' cast model differs from the plain one by {spread:.3g}")
             n_params = sum(len(list(dict(cast.named_modules())[n].parameters())) for n in mods)
             for tp in (1, 2):
                 rc, log = mpirun(tp, "forward", "--model", w.model_dir, "--inputs", w.inputs_path, "--out",
