@@ -35,6 +35,7 @@ Command forward_command() {
          "encoder_hidden_states, timestep, img_ids, txt_ids (+ pooled_projections for FLUX.1, + guidance "
          "with guidance_embeds); QwenImageTransformer2DModel: hidden_states, encoder_hidden_states, optional "
          "encoder_hidden_states_mask, timestep (t / 1000), img_shapes (int64 [B, 3]: frames, h, w in patches); "
+         "WanTransformer3DModel: hidden_states [B, C, F, H, W], timestep [B] (0..1000), encoder_hidden_states; "
          "text encoders: input_ids (int64 [B, S]); vae_decoder: latents (already "
          "/ scaling_factor + shift_factor); vae_encoder: image in [-1, 1]")
         ("out", po::value<std::string>(), "safetensors file rank 0 writes (F32; an existing file only if tprun wrote it; never in the model folder) with every "

@@ -387,10 +387,18 @@ parallel::ParallelLinear ModelBuilder::linear(const std::string& name, int64_t o
 }
 
 parallel::Weight ModelBuilder::tensor(const std::string& name, std::vector<int64_t> shape, TensorKind kind) {
+  return tensor(name, std::move(shape), kind, ShardStyle::Replicated);
+}
+
+parallel::Weight ModelBuilder::tensor(const std::string& name, std::vector<int64_t> shape, TensorKind kind,
+                                      ShardStyle style, const std::string& dtype) {
   TensorSpec s;
   s.name = name;
   s.shape = std::move(shape);
   s.kind = kind;
+  s.style = style;
+  s.dtype = dtype;
+  if (style != ShardStyle::Replicated) s.plan_key = plan_key_of(module_of(name));
   return load(declare(std::move(s)));
 }
 

@@ -118,6 +118,12 @@ class ModelBuilder {
   parallel::ParallelLinear linear(const std::string& name, int64_t out, int64_t in, const LinearDecl& d = {});
   // One replicated tensor.
   parallel::Weight tensor(const std::string& name, std::vector<int64_t> shape, TensorKind kind);
+  // One tensor split by `style` (colwise: along dim 0, e.g. a norm weight over
+  // the features of a colwise layer's output; its plan key is its module's)
+  // and kept in `dtype` ("" = the compute dtype, "fp32": diffusers'
+  // _keep_in_fp32_modules).
+  parallel::Weight tensor(const std::string& name, std::vector<int64_t> shape, TensorKind kind,
+                          checkpoint::ShardStyle style, const std::string& dtype = "");
   // A tensor the checkpoint may hold that the model never reads (a buffer, a
   // tied copy, a part of the model tprun never runs): in the table as
   // optional, never loaded. `saved`: whether save_pretrained writes it (so

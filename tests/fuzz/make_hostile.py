@@ -145,6 +145,11 @@ QWEN2_5_VL = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_ty
 QWEN_VAE = {"_class_name": "AutoencoderKLQwenImage", "base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 2, 2],
             "num_res_blocks": 1}
 
+WAN = {"_class_name": "WanTransformer3DModel", "patch_size": [1, 2, 2], "num_attention_heads": 2,
+       "attention_head_dim": 12, "in_channels": 4, "out_channels": 4, "text_dim": 16, "freq_dim": 16, "ffn_dim": 32,
+       "num_layers": 1}
+WAN_NAMES = ["blocks.0.attn1.to_q.weight", "patch_embedding.weight"]
+
 
 def with_(config, **changes):
     out = json.loads(json.dumps(config))
@@ -191,6 +196,12 @@ CONFIG_CASES = {
                                       ["decoder.up_blocks.0.resnets.0.residual.0.gamma",
                                        "decoder.up_blocks.0.resnets.1.residual.0.gamma"],
                                       "num_res_blocks' is 60 but"),
+    "config_wan_layers_2e9": (with_(WAN, num_layers=2000000000), WAN_NAMES, "num_layers' is 2000000000 but"),
+    "config_wan_heads_2e62": (with_(WAN, num_attention_heads=1 << 62), WAN_NAMES, "num_attention_heads"),
+    "config_wan_patch_4d": (with_(WAN, patch_size=[1, 2, 2, 2]), WAN_NAMES, "field 'patch_size' must"),
+    "config_wan_patch_2e9": (with_(WAN, patch_size=[1, 2000000000, 2]), WAN_NAMES, "patch_size"),
+    "config_wan_head_dim_odd": (with_(WAN, attention_head_dim=11), WAN_NAMES, "'attention_head_dim' = 11 must be even"),
+    "config_wan_rope_2e9": (with_(WAN, rope_max_seq_len=2000000000), WAN_NAMES, "rope_max_seq_len"),
 }
 
 
