@@ -38,7 +38,15 @@ WanConditioner::~WanConditioner() = default;
 
 bool WanConditioner::loaded() const { return umt5_ != nullptr; }
 
-void WanConditioner::take(LoadedComponents& parts) { umt5_ = parts.take<models::T5Encoder>("text_encoder"); }
+void WanConditioner::take(LoadedComponents& parts) {
+  umt5_ = parts.take<models::T5Encoder>("text_encoder");
+  const int64_t text_dim = tensors_.front().shape[2];
+  if (umt5_ && umt5_->d_model() != text_dim) {
+    throw CheckpointError(fmt::format("text_encoder/config.json: d_model {} differs from the transformer's text_dim {}",
+                                      umt5_->d_model(), text_dim),
+                          true);
+  }
+}
 
 models::TensorMap WanConditioner::encode(const std::string& prompt, int64_t max_sequence_length) const {
   const text::TokenizerOutput tokens = tokenizer_->encode(text::wan_prompt_clean(prompt), max_sequence_length);
@@ -47,7 +55,8 @@ models::TensorMap WanConditioner::encode(const std::string& prompt, int64_t max_
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   const std::vector<int64_t> own(tokens.input_ids.begin(), tokens.input_ids.begin() + used);
   const at::Tensor ids = at::tensor(own, long_opts).view({1, -1}).to(device_);
-  const at::Tensor hidden = umt5_->encode(ids, at::ones_like(ids)).to(dtype_);  // [1, used, d_model]
+  // Every token of `ids` is real: no mask needed (an all-ones mask adds nothing).
+  const at::Tensor hidden = umt5_->encode(ids).to(dtype_);  // [1, used, d_model]
   at::Tensor embeds = at::zeros({1, max_sequence_length, hidden.size(2)}, hidden.options());
   embeds.narrow(1, 0, used).copy_(hidden);
   models::TensorMap out;

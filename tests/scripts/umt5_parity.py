@@ -218,6 +218,92 @@ def unit(test, env):
     return ok, (r.stdout + r.stderr)[-3000:]
 
 
+def random_prompts(n, seed):
+    """Seeded concatenations of hostile fragments (entities split across fragments, whitespace runs, marks)."""
+    import random
+    rng = random.Random(seed)
+    frags = ["a", "fox", " ", "  ", "\t", "\n", "\u3000", "\u00a0", "\x1c", "&", "amp;", "&amp;", "&lt", "#", "#x",
+             "41", ";", "&#x1F98A;", "&eacute", "caf\u00e9", "e\u0301", "\U0001F98A", "\U0001F469\u200d", "\u2581",
+             "<0x41>", "<extra_id_0>", "</s>", "<pad>", "\uff21", "\ufb01", "\u6771\u4eac", "\u043b\u0438\u0441",
+             "\u0928\u092e\u0938\u094d", "\u200b", "\ufeff", "\u0085", "snow", ",", "."]
+    return ["".join(rng.choices(frags, k=rng.randint(1, 24))) for _ in range(n)]
+
+
+def tprun_dump(work, tag, pipe, folder, prompts, lengths):
+    req = os.path.join(work, f"request_{tag}.json")
+    out = os.path.join(work, f"dump_{tag}.json")
+    json.dump({"pipeline": pipe, "tokenizer": folder, "prompts": prompts, "lengths": lengths, "out": out},
+              open(req, "w"))
+    ok, log = unit("Umt5TokenizerFiles.DumpForParity", {"TPRUN_UMT5_TOKENIZER_DUMP": req})
+    if not check(ok and os.path.exists(out), f"{tag}: tprun tokenized the prompts" + ("" if ok else f": {log}")):
+        return None
+    return json.load(open(out))
+
+
+def pipeline_folder(work, tag, folder):
+    """A pipeline folder for WanConditioner::tokenize: model_index.json naming the tokenizer."""
+    pipe = os.path.join(work, f"pipe_{tag}")
+    os.makedirs(pipe)
+    shutil.copytree(folder, os.path.join(pipe, "tokenizer"))
+    json.dump({"_class_name": "WanPipeline", "_diffusers_version": "0.40.0",
+               "tokenizer": ["transformers", "T5TokenizerFast"]}, open(os.path.join(pipe, "model_index.json"), "w"))
+    return pipe
+
+
+def compare_folder(work, tag, folder, prompts, prompt_clean):
+    """tprun vs transformers / diffusers on `folder` over `prompts`; returns (prompts with <unk>, truncated)."""
+    import transformers
+    tok = transformers.T5TokenizerFast.from_pretrained(folder)
+    lengths = [512, 16]
+    got = tprun_dump(work, tag, pipeline_folder(work, tag, folder), folder, prompts, lengths)
+    if got is None:
+        return 0, 0
+    bad = {"clean": 0, "pipeline": 0, "raw": 0}
+    unk_prompts = truncated = 0
+    for prompt, g in zip(prompts, got):
+        if "error" in g:
+            check(False, f"{tag}: tprun failed on {prompt[:60]!r}: {g['error']}")
+            continue
+        clean = prompt_clean(prompt)
+        if g["clean"] != clean:
+            bad["clean"] += 1
+            check(False, f"{tag}: prompt_clean({prompt[:80]!r}): tprun {g['clean'][:120]!r} vs diffusers {clean[:120]!r}")
+        enc = tok(clean, padding="max_length", max_length=512, truncation=True, add_special_tokens=True,
+                  return_attention_mask=True)
+        if g["pipeline_ids"] != enc["input_ids"] or g["pipeline_mask"] != enc["attention_mask"]:
+            bad["pipeline"] += 1
+            check(False, f"{tag}: pipeline ids for {prompt[:60]!r}: tprun {g['pipeline_ids'][:24]} vs transformers "
+                         f"{enc['input_ids'][:24]}")
+        unk_prompts += tok.unk_token_id in enc["input_ids"]
+        truncated += len(tok(clean)["input_ids"]) > 512
+        for n in lengths:
+            want = tok(prompt, padding="max_length", max_length=n, truncation=True)["input_ids"]
+            if g["ids"][str(n)] != want:
+                bad["raw"] += 1
+                check(False, f"{tag}: raw ids at {n} for {prompt[:60]!r}: tprun {g['ids'][str(n)][:24]} vs "
+                             f"transformers {want[:24]}")
+    check(not any(bad.values()), f"{tag}: {len(prompts)} prompts: prompt_clean, pipeline ids + masks (512) and raw "
+          f"ids (512, 16) exact ({unk_prompts} prompts hold <unk>, {truncated} truncated at 512)")
+    return unk_prompts, truncated
+
+
+def hub_like_variant(work, folder):
+    """The same tokenizer as a transformers 4.x conversion of UMT5's spiece.model may write it: normalizer
+    Sequence[Precompiled, Replace(' {2,}' -> ' ')], byte_fallback true, the sentinels NOT in the model's vocab
+    but added tokens past it (ids as tokenizer_config.json declares them)."""
+    d = os.path.join(work, "hub_like")
+    shutil.copytree(folder, d)
+    p = os.path.join(d, "tokenizer.json")
+    t = json.load(open(p, encoding="utf-8"))
+    t["normalizer"] = {"type": "Sequence", "normalizers": [
+        t["normalizer"], {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]}
+    vocab = t["model"]["vocab"]
+    t["model"]["vocab"] = [v for v in vocab if not v[0].startswith("<extra_id_")]
+    t["model"]["byte_fallback"] = True
+    json.dump(t, open(p, "w", encoding="utf-8"), ensure_ascii=False)
+    return d
+
+
 def case_text():
     import transformers
     from diffusers.pipelines.wan import pipeline_wan
@@ -233,48 +319,12 @@ def case_text():
                                              "tokenizer_config.json"], f"the hub's files: {sorted(os.listdir(folder))}")
         tok = transformers.T5TokenizerFast.from_pretrained(folder)
         check(len(tok) == size, f"transformers loads it ({type(tok).__name__}), len {len(tok)} = tprun's {size}")
-        # the pipeline folder tprun tokenizes through: model_index.json naming the tokenizer
-        pipe = os.path.join(work, "pipe")
-        os.makedirs(pipe)
-        shutil.copytree(folder, os.path.join(pipe, "tokenizer"))
-        json.dump({"_class_name": "WanPipeline", "_diffusers_version": "0.40.0",
-                   "tokenizer": ["transformers", "T5TokenizerFast"]}, open(os.path.join(pipe, "model_index.json"), "w"))
-        lengths = [512, 16]
-        req = os.path.join(work, "request.json")
-        out = os.path.join(work, "dump.json")
-        json.dump({"pipeline": pipe, "tokenizer": folder, "prompts": PROMPTS, "lengths": lengths, "out": out},
-                  open(req, "w"))
-        ok, log = unit("Umt5TokenizerFiles.DumpForParity", {"TPRUN_UMT5_TOKENIZER_DUMP": req})
-        if not check(ok and os.path.exists(out), "tprun tokenized the prompts" + ("" if ok else f": {log}")):
-            return
-        got = json.load(open(out))
-        bad = {"clean": 0, "pipeline": 0, "raw": 0}
-        unk_prompts = truncated = 0
-        for prompt, g in zip(PROMPTS, got):
-            if "error" in g:
-                check(False, f"tprun failed on {prompt[:60]!r}: {g['error']}")
-                continue
-            clean = pipeline_wan.prompt_clean(prompt)
-            if g["clean"] != clean:
-                bad["clean"] += 1
-                check(False, f"prompt_clean({prompt[:80]!r}): tprun {g['clean'][:120]!r} vs diffusers {clean[:120]!r}")
-            enc = tok(clean, padding="max_length", max_length=512, truncation=True, add_special_tokens=True,
-                      return_attention_mask=True)
-            if g["pipeline_ids"] != enc["input_ids"] or g["pipeline_mask"] != enc["attention_mask"]:
-                bad["pipeline"] += 1
-                check(False, f"pipeline ids for {prompt[:60]!r}: tprun {g['pipeline_ids'][:24]} vs transformers "
-                             f"{enc['input_ids'][:24]}")
-            unk_prompts += tok.unk_token_id in enc["input_ids"]
-            truncated += len(tok(clean)["input_ids"]) > 512
-            for n in lengths:
-                want = tok(prompt, padding="max_length", max_length=n, truncation=True)["input_ids"]
-                if g["ids"][str(n)] != want:
-                    bad["raw"] += 1
-                    check(False, f"raw ids at {n} for {prompt[:60]!r}: tprun {g['ids'][str(n)][:24]} vs transformers "
-                                 f"{want[:24]}")
-        check(not any(bad.values()), f"{len(PROMPTS)} hostile prompts: prompt_clean, pipeline ids + masks (512) and raw "
-              f"ids (512, 16) exact ({unk_prompts} prompts hold <unk>, {truncated} truncated at 512)")
+        prompts = PROMPTS + random_prompts(150, 33)
+        unk_prompts, truncated = compare_folder(work, "written", folder, prompts, pipeline_wan.prompt_clean)
         check(unk_prompts >= 3 and truncated >= 2, "the list reaches <unk> and truncation")
+        hub = hub_like_variant(work, folder)
+        check(len(transformers.T5TokenizerFast.from_pretrained(hub)) == size, "hub-like variant: same length")
+        compare_folder(work, "hub_like", hub, prompts, pipeline_wan.prompt_clean)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
