@@ -28,7 +28,8 @@ class SpmPrecompiled {
   SpmPrecompiled() = default;
   // `charsmap`: the raw bytes ([u32 trie bytes][trie][replacements]).
   // CheckpointError naming `what` when malformed (sizes, replacements that
-  // are not UTF-8, a trie that points outside itself).
+  // are not UTF-8); a trie entry pointing outside the trie or the
+  // replacements matches nothing.
   SpmPrecompiled(std::string charsmap, const std::string& what);
   bool empty() const { return trie_.empty(); }
   // The normalized text of valid UTF-8 `text`.
