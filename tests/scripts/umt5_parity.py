@@ -12,7 +12,7 @@ forward  transformers' UMT5EncoderModel built at test time (tiny: 3 layers, d_mo
          architectures UMT5EncoderModel, model_type umt5). `tprun forward` with WanPipeline's inputs
          (input_ids + attention_mask; rows right-padded with pad id 0 as the tokenizer pads them, one of
          20 tokens, one of 9, one of 1) within 1e-4 (fp32) of transformers' last_hidden_state at tp 1,
-         2 and 4; `tprun verify --tp 2` passes and counts 2 x layers AllReduces; refusals on every rank
+         2 and 4; a prompt's own tokens alone (WanConditioner's call) give its rows of the padded call; `tprun verify --tp 2` passes and counts 2 x layers AllReduces; refusals on every rank
          before any weight byte, no hang: tp 3 with 4 heads, block 1's relative_attention_bias removed
          from the checkpoint, model_type "t5" under architectures UMT5EncoderModel.
 text     tprun's tiny UMT5 folder (presets::write_umt5_tokenizer, through the unit binary) loads in
@@ -138,6 +138,17 @@ def case_forward():
             check(d.max().item() <= FP32_TOL, f"forward tp {tp}: max abs diff {d.max().item():.3g}, mean "
                   f"{d.mean().item():.3g} (tolerance {FP32_TOL}; max|ref| {ref.abs().max().item():.3g})")
 
+        # WanConditioner runs the encoder on a prompt's own tokens (no padding, no mask): the same rows as
+        # WanPipeline's padded + masked call, which it then zero-pads (u[:v] then zeros).
+        own = os.path.join(work, "own.safetensors")
+        n = LENGTHS[1]
+        save_file({"input_ids": inputs["input_ids"][1:2, :n].contiguous()}, own)
+        out = os.path.join(work, "own_out.safetensors")
+        rc, log = mpirun(2, "forward", "--model", model_dir, "--inputs", own, "--out", out, "--tp", "2")
+        if check(rc == 0, "forward on a prompt's own tokens ran" + ("" if rc == 0 else f": {(log or '')[-1500:]}")):
+            d = (load_file(out)["last_hidden_state"].float()[0] - ref[1, :n]).abs().max().item()
+            check(d <= FP32_TOL, f"a prompt's own {n} tokens unpadded (tp 2) = its rows of the padded, masked "
+                  f"forward: max abs diff {d:.3g}")
         rc, log = mpirun(2, "verify", "--model", model_dir, "--tp", "2")
         m = re.search(r"all_reduce calls per forward: (\d+) \(plan: (\d+)\)", log or "")
         check(rc == 0 and m is not None and int(m.group(1)) == int(m.group(2)) == 2 * CONFIG["num_layers"],
