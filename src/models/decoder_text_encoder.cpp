@@ -239,25 +239,6 @@ std::string DecoderTextEncoder::primary_output() const {
 
 namespace {
 
-// attention_mask [B, S] of 0/1 (any integer, bool or floating type) -> bool;
-// all ones when undefined.
-at::Tensor keep_mask(const at::Tensor& mask, const at::Tensor& ids, const std::string& model) {
-  if (!mask.defined()) return at::ones(ids.sizes(), ids.options().dtype(at::kBool));
-  if (mask.dim() != 2 || mask.size(0) != ids.size(0) || mask.size(1) != ids.size(1)) {
-    throw RequestError(fmt::format("{}: attention_mask has shape [{}] but input_ids is [{}, {}]", model,
-                                   fmt::join(mask.sizes(), ", "), ids.size(0), ids.size(1)),
-                       true);
-  }
-  if (at::isComplexType(mask.scalar_type())) {
-    throw RequestError(fmt::format("{}: attention_mask must be 0/1 integers", model), true);
-  }
-  const at::Tensor m = mask.to(ids.device());
-  if (!m.eq(0).logical_or(m.eq(1)).all().item<bool>()) {
-    throw RequestError(fmt::format("{}: attention_mask must hold only 0 and 1", model), true);
-  }
-  return m.ne(0);
-}
-
 // stack(states, dim=1).permute(0, 2, 1, 3).reshape(B, S, n * hidden)
 at::Tensor stack_states(const std::vector<at::Tensor>& states) {
   const at::Tensor s = at::stack(states, 1);
@@ -275,7 +256,7 @@ std::vector<at::Tensor> DecoderTextEncoder::hidden_states(const at::Tensor& inpu
   };
   const at::Tensor embed = w.embed.get();
   const at::Tensor ids = checked_input_ids(input_ids, c.vocab_size, c.cls, true).to(embed.device());
-  const at::Tensor keep = keep_mask(attention_mask, ids, c.cls);
+  const at::Tensor keep = attention_keep_mask(attention_mask, ids, c.cls);
   const int64_t seq = ids.size(1);
   const std::vector<int64_t> wanted = hidden_layers_.empty() ? std::vector<int64_t>{c.layers} : hidden_layers_;
   std::map<int64_t, at::Tensor> kept;  // the hidden states asked for, by index

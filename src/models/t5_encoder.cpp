@@ -16,6 +16,7 @@
 #include <ATen/ops/isinf.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/rsqrt.h>
 #include <ATen/ops/softmax.h>
@@ -35,8 +36,44 @@
 
 namespace tprun::models {
 
+namespace {
+
+// "architectures"[0] when the config names one, else "".
+std::string config_architecture(const nlohmann::json& c) {
+  if (!c.is_object() || !c.contains("architectures") || !c["architectures"].is_array() ||
+      c["architectures"].empty() || !c["architectures"][0].is_string())
+    return {};
+  return c["architectures"][0].get<std::string>();
+}
+
+}  // namespace
+
 T5Config T5Config::from_json(const nlohmann::json& c, const std::string& path, const TensorCensus* census) {
   T5Config f;
+  // The variant first: UMT5Config's defaults differ from T5Config's.
+  const bool umt5_class = config_architecture(c) == T5Encoder::kUmt5Class;
+  const std::string type = config_string_or(c, "model_type", path, umt5_class ? "umt5" : "t5");
+  if (umt5_class && type != "umt5") {
+    throw CheckpointError(fmt::format("{}: model_type '{}' is not a UMT5 encoder (architectures names {}, which "
+                                      "expects 'umt5')",
+                                      path, type, T5Encoder::kUmt5Class));
+  }
+  if (!umt5_class && type != "t5") {
+    throw CheckpointError(fmt::format("{}: model_type '{}' is not a T5 encoder (expected 't5'{})", path, type,
+                                      type == "umt5" ? fmt::format("; a UMT5 config names architectures [\"{}\"]",
+                                                                   T5Encoder::kUmt5Class)
+                                                     : ""));
+  }
+  std::string default_proj = "relu";
+  if (umt5_class) {
+    f.cls = T5Encoder::kUmt5Class;
+    f.bias_per_block = true;
+    f.vocab_size = 250112;
+    f.d_ff = 1024;
+    f.layers = 8;
+    f.heads = 6;
+    default_proj = "gated-gelu";
+  }
   f.layers = config_block_count(c, "num_layers", path, f.layers, census, {"encoder.block"}, 1);
   auto get = [&](const char* field, int64_t& v, int64_t max) { v = config_positive(c, field, path, v, max); };
   get("vocab_size", f.vocab_size, kMaxConfigVocab);
@@ -54,7 +91,7 @@ T5Config T5Config::from_json(const nlohmann::json& c, const std::string& path, c
   }
   f.layer_norm_eps = config_number_or(c, "layer_norm_epsilon", path, f.layer_norm_eps);
   // T5Config: "gated-ACT" or "ACT"; "gated-gelu" stands for gelu_new.
-  const std::string proj = config_string_or(c, "feed_forward_proj", path, "relu");
+  const std::string proj = config_string_or(c, "feed_forward_proj", path, default_proj);
   const size_t dash = proj.find('-');
   if (dash == std::string::npos) {
     f.act = proj;
@@ -68,10 +105,6 @@ T5Config T5Config::from_json(const nlohmann::json& c, const std::string& path, c
   if (!known_activation(f.act)) {
     throw CheckpointError(fmt::format("{}: field 'feed_forward_proj' = '{}': activation '{}' is not supported", path,
                                       proj, f.act));
-  }
-  const std::string type = config_string_or(c, "model_type", path, "t5");
-  if (type != "t5") {
-    throw CheckpointError(fmt::format("{}: model_type '{}' is not a T5 encoder (expected 't5')", path, type));
   }
   return f;
 }
@@ -109,7 +142,8 @@ struct T5BlockWeights {
 
 struct T5Weights {
   parallel::Weight shared;         // [vocab, d_model], replicated
-  parallel::Weight relative_bias;  // [buckets, H], whole on every rank
+  // [buckets, H], whole on every rank: block 0's (T5), or one per block (UMT5).
+  std::vector<parallel::Weight> relative_bias;
   std::vector<T5BlockWeights> blocks;
   parallel::Weight final_ln;
   int64_t attention_chunk = 0;  // MemoryOptions::attention_chunk (nn::over_query_chunks; 0 = all at once)
@@ -140,9 +174,9 @@ T5Weights declare_t5(const T5Config& c, const std::string& dtype, ModelBuilder& 
     blk.k = b.linear(p + "0.SelfAttention.k", inner, d, col);
     blk.v = b.linear(p + "0.SelfAttention.v", inner, d, col);
     blk.o = b.linear(p + "0.SelfAttention.o", d, inner, LinearDecl::rowwise());
-    if (i == 0) {
-      w.relative_bias = b.tensor(p + "0.SelfAttention.relative_attention_bias.weight", {c.num_buckets, c.heads},
-                                 TensorKind::Embedding);
+    if (i == 0 || c.bias_per_block) {
+      w.relative_bias.push_back(b.tensor(p + "0.SelfAttention.relative_attention_bias.weight",
+                                         {c.num_buckets, c.heads}, TensorKind::Embedding));
     }
     blk.ln_attn = b.tensor(p + "0.layer_norm.weight", {d}, TensorKind::Norm);
     if (c.gated) {
@@ -162,7 +196,7 @@ T5Weights declare_t5(const T5Config& c, const std::string& dtype, ModelBuilder& 
 }  // namespace
 
 ModelTable T5Encoder::table_for(const T5Config& config, const ModelOptions& options) {
-  return record_table(kClass, [&](ModelBuilder& b) { declare_t5(config, options.dtype, b); });
+  return record_table(config.cls, [&](ModelBuilder& b) { declare_t5(config, options.dtype, b); });
 }
 
 std::unique_ptr<T5Encoder> T5Encoder::load(checkpoint::WeightSource& source, const nlohmann::json& config,
@@ -174,10 +208,10 @@ std::unique_ptr<T5Encoder> T5Encoder::load(checkpoint::WeightSource& source, con
   m->tp_ = tp;
   const int64_t attention_chunk = nn::checked_attention_chunk(options.memory.attention_chunk);
   auto w = std::make_shared<T5Weights>();
-  BuiltModel built = build_model(kClass, source, tp, build_options(options, class_skip_patterns()),
+  BuiltModel built = build_model(m->config_.cls, source, tp, build_options(options, class_skip_patterns()),
                                  [&](ModelBuilder& b) { *w = declare_t5(m->config_, options.dtype, b); });
   w->attention_chunk = attention_chunk;
-  nn::log_eager_attention(kClass, attention_chunk);
+  nn::log_eager_attention(m->config_.cls, attention_chunk);
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
   m->bytes_stored_ = built.bytes_stored;
@@ -210,29 +244,56 @@ at::Tensor clamp_fp16(const at::Tensor& h) {
 }  // namespace
 
 at::Tensor T5Encoder::encode(const at::Tensor& input_ids, Trace* trace) const {
+  return encode(input_ids, at::Tensor(), trace);
+}
+
+at::Tensor T5Encoder::encode(const at::Tensor& input_ids, const at::Tensor& attention_mask, Trace* trace) const {
   const T5Weights& w = *w_;
   const T5Config& c = config_;
   auto record = [&](const std::string& name, const at::Tensor& t) {
     if (trace) trace->emplace_back(name, t);
   };
-  at::Tensor ids = checked_input_ids(input_ids, c.vocab_size, "T5EncoderModel", true).to(w.shared.get().device());
+  at::Tensor ids = checked_input_ids(input_ids, c.vocab_size, c.cls, true).to(w.shared.get().device());
   const int64_t B = ids.size(0), L = ids.size(1);
   const int64_t local_heads = c.heads / tp_.size;
 
   at::Tensor h = at::embedding(w.shared.get(), ids);
   record("hidden_states.0", h);
-  // Block 0's relative position bias, shared by every block: [1, H, L, L].
+  // Padded keys: finfo(dtype).min added to their scores (transformers' additive
+  // bidirectional mask), [B, 1, 1, L]; none without a mask.
+  at::Tensor mask_add;
+  if (attention_mask.defined()) {
+    const at::Tensor keep = attention_keep_mask(attention_mask, ids, c.cls);
+    const double lowest = h.scalar_type() == at::kHalf       ? -65504.0
+                          : h.scalar_type() == at::kBFloat16 ? -3.3895313892515355e38
+                                                             : -3.4028234663852886e38;
+    mask_add = at::where(keep, 0.0, lowest).to(h.scalar_type()).view({B, 1, 1, L});
+  }
   at::Tensor position = at::arange(L, ids.options());
   at::Tensor bucket = t5_relative_position_bucket(position.unsqueeze(0) - position.unsqueeze(1), /*bidirectional=*/true,
                                                   c.num_buckets, c.max_distance);
   record("relative_position_bucket", bucket);
-  at::Tensor bias = at::embedding(w.relative_bias.get(), bucket).permute({2, 0, 1}).unsqueeze(0);
-  record("position_bias", bias);
-  if (tp_.size > 1) bias = bias.narrow(1, tp_.rank * local_heads, local_heads);  // this rank's heads
+  // A block's position bias for this rank's heads, [1, heads, L, L].
+  auto position_bias = [&](const at::Tensor& table) {
+    return at::embedding(table, bucket).permute({2, 0, 1}).unsqueeze(0);
+  };
+  at::Tensor bias;
+  if (!c.bias_per_block) {
+    // Block 0's, shared by every block; computed for all heads, then sliced.
+    bias = position_bias(w.relative_bias[0].get());
+    record("position_bias", bias);
+    if (tp_.size > 1) bias = bias.narrow(1, tp_.rank * local_heads, local_heads);  // this rank's heads
+  }
 
   auto split_heads = [&](const at::Tensor& y) { return y.view({B, L, -1, c.d_kv}).transpose(1, 2); };
   for (size_t i = 0; i < w.blocks.size(); ++i) {
     const T5BlockWeights& b = w.blocks[i];
+    if (c.bias_per_block) {
+      // UMT5: this block's own table, only this rank's heads' columns.
+      const at::Tensor table = w.relative_bias[i].get();
+      bias = position_bias(tp_.size > 1 ? table.narrow(1, tp_.rank * local_heads, local_heads) : table);
+      record(fmt::format("position_bias.{}", i), bias);
+    }
     // Self-attention, this rank's heads; no 1/sqrt(d) scaling in T5.
     at::Tensor x = t5_layer_norm(h, b.ln_attn.get(), c.layer_norm_eps);
     at::Tensor q = split_heads(b.q.forward(x)), k = split_heads(b.k.forward(x)), v = split_heads(b.v.forward(x));
@@ -240,6 +301,7 @@ at::Tensor T5Encoder::encode(const at::Tensor& input_ids, Trace* trace) const {
     at::Tensor attn = nn::over_query_chunks(L, w.attention_chunk, 2, [&](int64_t start, int64_t n) {
       auto rows = [&](const at::Tensor& t) { return n == L ? t : t.narrow(2, start, n); };
       at::Tensor scores = at::matmul(rows(q), k.transpose(3, 2)) + rows(bias);
+      if (mask_add.defined()) scores = scores + mask_add;
       at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(scores.scalar_type());
       return at::matmul(probs, v);
     });
@@ -262,16 +324,26 @@ at::Tensor T5Encoder::encode(const at::Tensor& input_ids, Trace* trace) const {
 
 TensorMap T5Encoder::forward(const TensorMap& inputs, Trace* trace) const {
   auto it = inputs.find("input_ids");
-  if (it == inputs.end()) throw RequestError("T5EncoderModel: input 'input_ids' is missing", true);
-  return {{"last_hidden_state", encode(it->second, trace)}};
+  if (it == inputs.end()) throw RequestError(fmt::format("{}: input 'input_ids' is missing", config_.cls), true);
+  auto mask = inputs.find("attention_mask");
+  return {{"last_hidden_state", encode(it->second, mask == inputs.end() ? at::Tensor() : mask->second, trace)}};
 }
 
 TensorMap T5Encoder::example_inputs(uint64_t seed) const {
-  // Seeded token ids of the config's vocabulary: batch 2 x 16 tokens.
+  // Seeded token ids of the config's vocabulary: batch 2 x 16 tokens; UMT5 (as
+  // WanPipeline calls it) with an attention_mask, the second prompt right-padded.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return {{"input_ids", at::randint(config_.vocab_size, {2, 16}, gen, at::TensorOptions().dtype(at::kLong))}};
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  TensorMap in{{"input_ids", at::randint(config_.vocab_size, {2, 16}, gen, i64)}};
+  if (config_.bias_per_block) {
+    at::Tensor mask = at::ones({2, 16}, i64);
+    mask[1].narrow(0, 11, 5).fill_(0);
+    in["attention_mask"] = mask;
+  }
+  return in;
 }
 
 TPRUN_REGISTER_MODEL(T5Encoder, T5Config);
+TPRUN_REGISTER_MODEL_AS(T5Encoder::kUmt5Class, T5Encoder, T5Config);
 
 }  // namespace tprun::models

@@ -7,12 +7,14 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/gelu.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/relu.h>
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/tanh.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "runtime/error.h"
 
@@ -59,6 +61,23 @@ at::Tensor checked_input_ids(const at::Tensor& ids, int64_t vocab_size, const st
                        all_ranks);
   }
   return l;
+}
+
+at::Tensor attention_keep_mask(const at::Tensor& mask, const at::Tensor& ids, const std::string& model) {
+  if (!mask.defined()) return at::ones(ids.sizes(), ids.options().dtype(at::kBool));
+  if (mask.dim() != 2 || mask.size(0) != ids.size(0) || mask.size(1) != ids.size(1)) {
+    throw RequestError(fmt::format("{}: attention_mask has shape [{}] but input_ids is [{}, {}]", model,
+                                   fmt::join(mask.sizes(), ", "), ids.size(0), ids.size(1)),
+                       true);
+  }
+  if (at::isComplexType(mask.scalar_type())) {
+    throw RequestError(fmt::format("{}: attention_mask must be 0/1 integers", model), true);
+  }
+  const at::Tensor m = mask.to(ids.device());
+  if (!m.eq(0).logical_or(m.eq(1)).all().item<bool>()) {
+    throw RequestError(fmt::format("{}: attention_mask must hold only 0 and 1", model), true);
+  }
+  return m.ne(0);
 }
 
 }  // namespace tprun::models

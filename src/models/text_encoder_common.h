@@ -23,4 +23,9 @@ at::Tensor hf_activation(const at::Tensor& x, const std::string& name);
 at::Tensor checked_input_ids(const at::Tensor& input_ids, int64_t vocab_size, const std::string& model,
                              bool all_ranks);
 
+// attention_mask [B, S] of 0/1 (any integer, bool or floating type) matching
+// `ids` -> bool on ids' device; all true when undefined. RequestError naming
+// `model`, raised alike on every rank given the same mask.
+at::Tensor attention_keep_mask(const at::Tensor& mask, const at::Tensor& ids, const std::string& model);
+
 }  // namespace tprun::models

@@ -218,9 +218,9 @@ int64_t write_clip_tokenizer(const std::string& dir, const text::BpeVocabulary& 
 
 // ---- T5 ------------------------------------------------------------------------
 
-T5Vocabulary train_t5_sentencepiece(const std::vector<std::string>& texts, int vocab_size) {
+T5Vocabulary train_t5_sentencepiece(const std::vector<std::string>& texts, int vocab_size, bool byte_fallback) {
   if (vocab_size < 8) throw ConfigError(fmt::format("T5 tokenizer: vocabulary size {} is below 8", vocab_size));
-  const std::unordered_map<std::string, std::string> args = {
+  std::unordered_map<std::string, std::string> args = {
       {"model_type", "unigram"},
       {"vocab_size", std::to_string(vocab_size)},
       {"hard_vocab_limit", "false"},
@@ -233,6 +233,7 @@ T5Vocabulary train_t5_sentencepiece(const std::vector<std::string>& texts, int v
       {"num_threads", "1"},
       {"minloglevel", "2"},
   };
+  if (byte_fallback) args["byte_fallback"] = "true";
   VectorSentences sentences(texts);
   T5Vocabulary out;
   const auto status = sentencepiece::SentencePieceTrainer::Train(args, &sentences, &out.model_proto);
@@ -257,7 +258,7 @@ T5Vocabulary train_t5_sentencepiece(const std::vector<std::string>& texts, int v
 }
 
 int64_t write_t5_tokenizer(const std::string& dir, const T5Vocabulary& vocab, int extra_ids,
-                           int64_t model_max_length) {
+                           int64_t model_max_length, bool byte_fallback) {
   const fs::path root(dir);
   fs::create_directories(root);
   checkpoint::write_file_atomically((root / "spiece.model").string(), vocab.model_proto, false);
@@ -322,7 +323,7 @@ int64_t write_t5_tokenizer(const std::string& dir, const T5Vocabulary& vocab, in
         {"pair", json::array({seq("A"), eos_tok, seq("B"), eos_tok})},
         {"special_tokens", {{"</s>", {{"id", "</s>"}, {"ids", json::array({1})}, {"tokens", json::array({"</s>"})}}}}}}},
       {"decoder", metaspace},
-      {"model", {{"type", "Unigram"}, {"unk_id", 2}, {"vocab", model_vocab}, {"byte_fallback", false}}},
+      {"model", {{"type", "Unigram"}, {"unk_id", 2}, {"vocab", model_vocab}, {"byte_fallback", byte_fallback}}},
   };
   checkpoint::write_file_atomically((root / "tokenizer.json").string(), fast.dump(2) + "\n", false);
   return pieces + extra_ids;

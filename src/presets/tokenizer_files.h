@@ -41,13 +41,17 @@ struct T5Vocabulary {
 // piece scores are rounded to multiples of 2^-10, so SentencePiece (float
 // sums over the whole text) and the tokenizers library (double sums per
 // word) add them exactly and choose the same pieces.
-// Throws ConfigError when sentencepiece rejects the settings or the text.
-T5Vocabulary train_t5_sentencepiece(const std::vector<std::string>& texts, int vocab_size);
+// `byte_fallback`: SentencePiece's byte_fallback (the 256 <0xNN> pieces after
+// <unk>, as UMT5's model has them). Throws ConfigError when sentencepiece
+// rejects the settings or the text.
+T5Vocabulary train_t5_sentencepiece(const std::vector<std::string>& texts, int vocab_size, bool byte_fallback = false);
 
 // Writes the T5 tokenizer files into `dir` (created if missing). Returns the
-// tokenizer length: pieces + extra_ids.
+// tokenizer length: pieces + extra_ids. `byte_fallback`: tokenizer.json's
+// model.byte_fallback (true for a model trained with it, as a conversion of
+// UMT5's spiece.model writes it; transformers 5's T5Tokenizer ignores it).
 int64_t write_t5_tokenizer(const std::string& dir, const T5Vocabulary& vocab, int extra_ids = 100,
-                           int64_t model_max_length = 512);
+                           int64_t model_max_length = 512, bool byte_fallback = false);
 
 // The precompiled_charsmap of a serialized SentencePiece ModelProto
 // (normalizer_spec field); empty when it has none. CheckpointError naming
