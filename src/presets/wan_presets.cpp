@@ -6,6 +6,7 @@
 
 #include "presets/preset_registry.h"
 #include "presets/tokenizer_files.h"
+#include "presets/umt5_tokenizer_files.h"
 #include "runtime/error.h"
 
 namespace tprun::presets {
@@ -228,12 +229,9 @@ void check_wan_pipeline_preset(const PipelinePreset& c, int64_t tokenizer_length
 
 InitModelSummary write_wan_pipeline(const std::string& dir, const WanPreset& preset, uint64_t seed, bool force) {
   return write_pipeline_folder(dir, force, seed, [&](const fs::path& tmp, InitModelSummary& summary) {
-    // TODO(integrator): write the tokenizer with the UMT5 writer of
-    // presets/umt5_tokenizer_files.h (umt5_tokenizer_files) once it is merged;
-    // FLUX.1's T5 writer stands in for it here (the same SentencePiece layout,
-    // not UMT5's special tokens and extra ids).
-    summary.text_vocab_size = write_t5_tokenizer((tmp / "tokenizer").string(),
-                                                 train_t5_sentencepiece(bundled_corpus(), preset.text_pieces));
+    // UMT5's layout (unigram, <pad> </s> <unk>, byte pieces, 300 sentinels), learned from the bundled text.
+    summary.text_vocab_size =
+        write_umt5_tokenizer((tmp / "tokenizer").string(), bundled_corpus(), static_cast<int>(preset.text_pieces));
     return wan_pipeline_preset(preset, summary.text_vocab_size);
   });
 }
