@@ -127,6 +127,12 @@ double calculate_shift(int64_t image_seq_len, int64_t base_seq_len, int64_t max_
 FlowMatchEulerDiscreteScheduler::FlowMatchEulerDiscreteScheduler(FlowMatchSchedulerConfig config)
     : config_(std::move(config)) {}
 
+StepLimit FlowMatchEulerDiscreteScheduler::step_limit() const {
+  if (!config_.shift_terminal) return {};
+  return {2, fmt::format("shift_terminal {} stretches the schedule by 1 - its last sigma, which is 0 for a single step",
+                         *config_.shift_terminal)};
+}
+
 double FlowMatchEulerDiscreteScheduler::mu_for(int64_t image_seq_len) const {
   return calculate_shift(image_seq_len, config_.base_image_seq_len, config_.max_image_seq_len, config_.base_shift,
                          config_.max_shift);
