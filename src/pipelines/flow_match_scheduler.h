@@ -76,6 +76,12 @@ class FlowMatchEulerDiscreteScheduler : public Scheduler {
   // `mu` is required with use_dynamic_shifting (ConfigError otherwise, as in
   // diffusers) and ignored without it. RequestError for num_inference_steps < 1.
   void set_timesteps(int64_t num_inference_steps, std::optional<double> mu) override;
+  // diffusers' own schedule, as WanPipeline asks for it (set_timesteps(n) with
+  // no sigmas): t <- linspace(sigma_max T, sigma_min T, n) in float64, where
+  // sigma_max / sigma_min are the ends of __init__'s training sigmas
+  // (float32, statically shifted unless use_dynamic_shifting); sigmas <- t / T,
+  // then shifted (again) and stretched in float64 as above, stored float32.
+  void set_own_timesteps(int64_t num_inference_steps, std::optional<double> mu) override;
   // Same with explicit input sigmas (FluxPipeline's `sigmas=` argument).
   void set_sigmas(const std::vector<double>& sigmas, std::optional<double> mu);
 
@@ -103,6 +109,7 @@ class FlowMatchEulerDiscreteScheduler : public Scheduler {
 
  private:
   void finish(std::vector<float> sigmas, std::optional<double> mu);
+  void store(std::vector<float> sigmas);
 
   FlowMatchSchedulerConfig config_;
   std::vector<float> timesteps_;

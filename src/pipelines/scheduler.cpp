@@ -12,6 +12,20 @@ namespace tprun::pipelines {
 
 Scheduler::~Scheduler() = default;
 
+std::vector<double> numpy_linspace(double start, double stop, int64_t num) {
+  std::vector<double> y(static_cast<size_t>(num));
+  const int64_t div = num - 1;
+  const double delta = stop - start;
+  const double step = div > 0 ? delta / static_cast<double>(div) : 0.0;
+  for (int64_t i = 0; i < num; ++i) {
+    const auto d = static_cast<double>(i);
+    // numpy divides first where the step underflows to 0
+    y[static_cast<size_t>(i)] = (div > 0 && step == 0.0 ? d / static_cast<double>(div) * delta : d * step) + start;
+  }
+  if (num > 1) y.back() = stop;
+  return y;
+}
+
 const std::vector<std::string>& scheduler_class_names() {
   static const std::vector<std::string> names = {"FlowMatchEulerDiscreteScheduler", "UniPCMultistepScheduler"};
   return names;

@@ -46,7 +46,15 @@ class Scheduler {
   // The schedule of `steps` steps; `mu` is dynamic shifting's (required with
   // use_dynamic_shifting: ConfigError without it), ignored otherwise.
   // RequestError for steps < 1 or a schedule that comes out non-finite.
+  // FlowMatch: the sigmas linspace(1, 1/n, n) that FluxPipeline, the FLUX.2
+  // pipelines and QwenImagePipeline pass; UniPC: its own schedule.
   virtual void set_timesteps(int64_t steps, std::optional<double> mu) = 0;
+
+  // diffusers' scheduler.set_timesteps(steps, mu=mu) with no sigmas given, as
+  // WanPipeline calls it: the scheduler's own schedule. UniPC: set_timesteps.
+  // FlowMatch: linspace(sigma_max, sigma_min, n) of its shifted training
+  // sigmas, shifted again (as diffusers does). Same errors as set_timesteps.
+  virtual void set_own_timesteps(int64_t steps, std::optional<double> mu) = 0;
 
   // As diffusers' scheduler.timesteps (UniPC: integers held as floats), and
   // the sigmas, one more than the timesteps (the last: the terminal value).
@@ -69,6 +77,10 @@ std::unique_ptr<Scheduler> make_scheduler(const nlohmann::json& config, const st
 
 // The same from the file at <path> (e.g. <pipeline>/scheduler/scheduler_config.json).
 std::unique_ptr<Scheduler> make_scheduler(const std::string& path, const std::string& fallback_class = "");
+
+// numpy's linspace(start, stop, num) in float64: start + i * (stop - start) / (num - 1), the last
+// value exactly `stop` (the schedules diffusers computes in numpy).
+std::vector<double> numpy_linspace(double start, double stop, int64_t num);
 
 // The class names make_scheduler knows.
 const std::vector<std::string>& scheduler_class_names();

@@ -83,26 +83,12 @@ at::Tensor train_sigmas(const UniPCSchedulerConfig& c) {
   return at::pow((1 - alphas_cumprod) / alphas_cumprod, 0.5);
 }
 
-// numpy's linspace(start, stop, num) in float64: start + i * step, the last value exactly stop.
-std::vector<double> np_linspace(double start, double stop, int64_t num) {
-  std::vector<double> y(static_cast<size_t>(num));
-  const int64_t div = num - 1;
-  const double delta = stop - start;
-  const double step = div > 0 ? delta / static_cast<double>(div) : 0.0;
-  for (int64_t i = 0; i < num; ++i) {
-    const auto d = static_cast<double>(i);
-    y[static_cast<size_t>(i)] = (div > 0 && step == 0.0 ? d / static_cast<double>(div) * delta : d * step) + start;
-  }
-  if (num > 1) y.back() = stop;
-  return y;
-}
-
 // The integer timesteps of timestep_spacing for `n` steps (diffusers' set_timesteps; numpy rounds half to even).
 std::vector<int64_t> spaced_timesteps(const UniPCSchedulerConfig& c, int64_t n) {
   const int64_t train = c.num_train_timesteps;
   std::vector<int64_t> t;
   if (c.timestep_spacing == "linspace") {
-    const auto y = np_linspace(0.0, static_cast<double>(train - 1), n + 1);
+    const auto y = numpy_linspace(0.0, static_cast<double>(train - 1), n + 1);
     for (int64_t i = n; i >= 1; --i) t.push_back(static_cast<int64_t>(std::nearbyint(y[static_cast<size_t>(i)])));
   } else if (c.timestep_spacing == "leading") {
     const int64_t ratio = train / (n + 1);
@@ -151,7 +137,7 @@ void UniPCMultistepScheduler::set_timesteps(int64_t steps, std::optional<double>
   std::vector<int64_t> timesteps;
   double last = 0.0;
   if (config_.use_flow_sigmas) {
-    sigmas = np_linspace(1.0, 1.0 / train, steps + 1);
+    sigmas = numpy_linspace(1.0, 1.0 / train, steps + 1);
     sigmas.pop_back();
     for (double& s : sigmas) {
       if (config_.use_dynamic_shifting) {

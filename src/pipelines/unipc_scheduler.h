@@ -96,6 +96,7 @@ class UniPCMultistepScheduler : public Scheduler {
   // Resets the multistep history. As WanPipeline (set_begin_index(0)), step
   // i is timesteps()[i] even where two timesteps are equal.
   void set_timesteps(int64_t steps, std::optional<double> mu) override;
+  void set_own_timesteps(int64_t steps, std::optional<double> mu) override { set_timesteps(steps, mu); }
   const std::vector<float>& timesteps() const override { return timesteps_; }
   const std::vector<float>& sigmas() const override { return sigmas_; }
 

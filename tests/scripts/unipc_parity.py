@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""tprun's UniPCMultistepScheduler against diffusers 0.40's own, built from the same configs: Wan's hub
+"""tprun's UniPCMultistepScheduler (and FlowMatchEulerDiscreteScheduler's own schedule, as WanPipeline
+asks for it) against diffusers 0.40's own, built from the same configs: Wan's hub
 config (flow_prediction, flow sigmas) at flow_shift 3 and 5, solver_order 1/2/3, disable_corrector,
 bh1 and final_sigmas_type "sigma_min", dynamic shifting, shift_terminal, bf16 model outputs, and the
 beta-schedule predictions (epsilon, v_prediction, sample; noise prediction; thresholding; rescaled
@@ -20,7 +21,7 @@ import tempfile
 
 import torch
 from safetensors.torch import load_file, save_file
-from diffusers import UniPCMultistepScheduler
+from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
 UNIT = sys.argv[1] if len(sys.argv) > 1 else None
 SHAPE = (1, 4, 2, 4, 4)  # [B, C, F, H, W]: a Wan latent, small
@@ -37,6 +38,8 @@ WAN = {
     "trained_betas": None, "use_beta_sigmas": False, "use_exponential_sigmas": False, "use_flow_sigmas": True,
     "use_karras_sigmas": False}
 BETA = {"_class_name": "UniPCMultistepScheduler"}  # diffusers' defaults: epsilon on the linear beta schedule
+# FlowMatchEulerDiscreteScheduler where a Wan folder names it: its own schedule (no sigmas passed).
+FLOW = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0}
 STEPS = [1, 2, 3, 10, 50]
 
 
@@ -64,7 +67,13 @@ def variants():
          ("sample_leading_cosine", dict(BETA, prediction_type="sample", timestep_spacing="leading", steps_offset=1,
                                         beta_schedule="squaredcos_cap_v2", solver_order=3), [3, 10], {}),
          ("v_noise_pred", dict(BETA, prediction_type="v_prediction", predict_x0=False, solver_order=3,
-                               final_sigmas_type="sigma_min"), [10], {})]
+                               final_sigmas_type="sigma_min"), [10], {}),
+         ("flow_match_shift3", FLOW, [1, 2, 10, 50], {}),
+         ("flow_match_shift5_bf16", dict(FLOW, shift=5.0), [10], {"model_dtype": "bf16"}),
+         ("flow_match_dynamic", dict(FLOW, use_dynamic_shifting=True), [10], {"mu": 1.1}),
+         ("flow_match_dynamic_linear", dict(FLOW, use_dynamic_shifting=True, time_shift_type="linear"), [10],
+          {"mu": 2.0}),
+         ("flow_match_terminal_inverted", dict(FLOW, shift_terminal=0.02, invert_sigmas=True), [2, 10], {})]
     for name, config, steps_list, extra in v:
         for steps in steps_list:
             yield f"{name}_n{steps}", config, steps, extra
@@ -81,7 +90,8 @@ NON_FINITE = [("bh1_zero", dict(WAN, solver_type="bh1")),
 
 
 def diffusers_loop(config, steps, extra, sample, outputs):
-    s = UniPCMultistepScheduler.from_config({k: v for k, v in config.items() if k != "_class_name"})
+    cls = FlowMatchEulerDiscreteScheduler if config["_class_name"] == FLOW["_class_name"] else UniPCMultistepScheduler
+    s = cls.from_config({k: v for k, v in config.items() if k != "_class_name"})
     s.set_timesteps(steps, mu=extra.get("mu"))
     s.set_begin_index(0)  # as WanPipeline does
     x, samples = sample.clone(), []

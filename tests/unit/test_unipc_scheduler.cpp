@@ -233,9 +233,28 @@ TEST(UniPCScheduler, FlowMatchThroughTheInterface) {
   EXPECT_TRUE(s->step(v, 2, x).equal(const_direct.step(v, 2, x)));
 }
 
+TEST(UniPCScheduler, FlowMatchOwnSchedule) {
+  // diffusers' FlowMatch set_timesteps(n) with no sigmas (WanPipeline's call): linspace(sigma_max, sigma_min)
+  // of the shifted training sigmas, shifted again. shift 1: t = linspace(1000, 1, n), sigma = t / 1000.
+  auto s = make_scheduler(json{{"_class_name", "FlowMatchEulerDiscreteScheduler"}}, "f.json");
+  s->set_own_timesteps(4, std::nullopt);
+  EXPECT_EQ(s->timesteps(), (std::vector<float>{1000, 667, 334, 1}));
+  EXPECT_EQ(s->sigmas(), (std::vector<float>{1.0f, 0.667f, 0.334f, 0.001f, 0.0f}));
+  // shift 3 is applied twice: sigma_min 0.001 -> 0.003/1.002 -> shifted again.
+  auto k = make_scheduler(json{{"_class_name", "FlowMatchEulerDiscreteScheduler"}, {"shift", 3.0}}, "f.json");
+  k->set_own_timesteps(2, std::nullopt);
+  const double once = 3.0 * 0.001 / (1.0 + 2.0 * 0.001);
+  EXPECT_NEAR(k->sigmas()[1], 3.0 * once / (1.0 + 2.0 * once), 1e-7);
+  EXPECT_EQ(k->sigmas()[0], 1.0f);
+  auto t = make_scheduler(json{{"_class_name", "FlowMatchEulerDiscreteScheduler"}, {"shift_terminal", 0.1}}, "f.json");
+  EXPECT_THROW(t->set_own_timesteps(1, std::nullopt), RequestError);  // the stretch divides by 1 - 1
+  t->set_own_timesteps(3, std::nullopt);
+  EXPECT_NEAR(t->sigmas()[2], 0.1f, 1e-6);
+}
+
 // ---- the parity script's probe ------------------------------------------------
 
-// Runs the cases unipc_parity.py wrote (TPRUN_UNIPC_PROBE: a folder with
+// Runs the cases unipc_parity.py wrote (UniPC's, and FlowMatch's own schedule) (TPRUN_UNIPC_PROBE: a folder with
 // cases.json and inputs.safetensors) through make_scheduler and writes each
 // case's timesteps, sigmas and every step's sample to outputs.safetensors.
 TEST(UniPCSchedulerProbe, Loops) {
@@ -250,7 +269,7 @@ TEST(UniPCSchedulerProbe, Loops) {
     auto s = make_scheduler(c.at("config"), name);
     std::optional<double> mu;
     if (c.contains("mu")) mu = c.at("mu").get<double>();
-    s->set_timesteps(c.at("steps").get<int64_t>(), mu);
+    s->set_own_timesteps(c.at("steps").get<int64_t>(), mu);  // as WanPipeline: diffusers' set_timesteps(n, mu=mu)
     out[name + ".timesteps"] = at::tensor(s->timesteps());
     out[name + ".sigmas"] = at::tensor(s->sigmas());
     const at::Tensor& outputs = inputs.at(name + ".outputs");
