@@ -128,6 +128,9 @@ StepLimit UniPCMultistepScheduler::step_limit() const {
 }
 
 void UniPCMultistepScheduler::set_timesteps(int64_t steps, std::optional<double> mu) {
+  timesteps_.clear();  // a refused schedule leaves none: step() refuses until the next set_timesteps
+  sigmas_.clear();
+  next_step_ = 0;
   if (steps < 1 || steps > kMaxSteps)
     throw RequestError(fmt::format("steps {} is outside [1, {}]", steps, kMaxSteps));
   if (config_.use_dynamic_shifting && !mu.has_value())
@@ -166,9 +169,9 @@ void UniPCMultistepScheduler::set_timesteps(int64_t steps, std::optional<double>
     if (config_.final_sigmas_type == "sigma_min") last = table[0];
   }
   sigmas.push_back(last);
+  for (double s : sigmas)
+    if (!std::isfinite(static_cast<float>(s))) non_finite(steps, mu);
   sigmas_.assign(sigmas.begin(), sigmas.end());
-  for (float s : sigmas_)
-    if (!std::isfinite(s)) non_finite(steps, mu);
   timesteps_.assign(timesteps.begin(), timesteps.end());
   model_outputs_.assign(static_cast<size_t>(config_.solver_order), at::Tensor());
   last_sample_ = at::Tensor();

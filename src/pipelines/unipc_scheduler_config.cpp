@@ -44,7 +44,8 @@ std::string one_of(const json& c, const std::string& source, const char* field, 
   const std::string v = models::config_string_or(c, field, source, fallback);
   for (const auto& a : allowed)
     if (v == a) return v;
-  fail(source, field, fmt::format("is '{}'; UniPCMultistepScheduler takes \"{}\"", clip_text(v), fmt::join(allowed, "\", \"")));
+  fail(source, field,
+       fmt::format("is '{}'; UniPCMultistepScheduler takes \"{}\"", clip_text(v), fmt::join(allowed, "\", \"")));
 }
 
 std::vector<double> trained_betas(const json& c, const std::string& source, int64_t num_train_timesteps) {
@@ -140,7 +141,8 @@ UniPCSchedulerConfig read_config(const json& config, const std::string& source) 
   c.num_train_timesteps = int_in(config, source, "num_train_timesteps", c.num_train_timesteps, 1, kMaxTrainTimesteps);
   c.beta_start = number_in(config, source, "beta_start", c.beta_start, 0.0, 1.0, true);
   c.beta_end = number_in(config, source, "beta_end", c.beta_end, 0.0, 1.0, true);
-  c.beta_schedule = one_of(config, source, "beta_schedule", c.beta_schedule, {"linear", "scaled_linear", "squaredcos_cap_v2"});
+  c.beta_schedule =
+      one_of(config, source, "beta_schedule", c.beta_schedule, {"linear", "scaled_linear", "squaredcos_cap_v2"});
   c.trained_betas = trained_betas(config, source, c.num_train_timesteps);
   c.solver_order = int_in(config, source, "solver_order", c.solver_order, 1, kMaxSolverOrder);
   c.prediction_type = one_of(config, source, "prediction_type", c.prediction_type,
@@ -158,7 +160,8 @@ UniPCSchedulerConfig read_config(const json& config, const std::string& source) 
   c.use_flow_sigmas = models::config_bool_or(config, "use_flow_sigmas", source, c.use_flow_sigmas);
   c.flow_shift = number_in(config, source, "flow_shift", c.flow_shift, 0.0, 1000.0);
   if (c.flow_shift <= 0.0) fail(source, "flow_shift", fmt::format("must be positive, not {}", c.flow_shift));
-  c.timestep_spacing = one_of(config, source, "timestep_spacing", c.timestep_spacing, {"linspace", "leading", "trailing"});
+  c.timestep_spacing =
+      one_of(config, source, "timestep_spacing", c.timestep_spacing, {"linspace", "leading", "trailing"});
   c.steps_offset = int_in(config, source, "steps_offset", c.steps_offset, 0, c.num_train_timesteps);
   c.final_sigmas_type = one_of(config, source, "final_sigmas_type", c.final_sigmas_type, {"zero", "sigma_min"});
   c.rescale_betas_zero_snr = models::config_bool_or(config, "rescale_betas_zero_snr", source, c.rescale_betas_zero_snr);

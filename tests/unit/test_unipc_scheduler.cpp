@@ -99,7 +99,8 @@ TEST(UniPCScheduler, RefusesByName) {
   const json bh1 = with(with(w, "solver_type", "bh1"), "final_sigmas_type", "sigma_min");
   EXPECT_NO_THROW(UniPCSchedulerConfig::from_json(bh1, "s"));
   EXPECT_NO_THROW(UniPCSchedulerConfig::from_json(with(with(w, "lower_order_final", false), "solver_order", 1), "s"));
-  EXPECT_NO_THROW(UniPCSchedulerConfig::from_json(json{{"predict_x0", false}, {"final_sigmas_type", "sigma_min"}}, "s"));
+  const json noise_pred = {{"predict_x0", false}, {"final_sigmas_type", "sigma_min"}};
+  EXPECT_NO_THROW(UniPCSchedulerConfig::from_json(noise_pred, "s"));
 }
 
 TEST(UniPCScheduler, BoundsEveryValue) {
@@ -178,6 +179,9 @@ TEST(UniPCScheduler, WanScheduleHandChecked) {
   auto dyn = make_scheduler(with(wan_config(), "use_dynamic_shifting", true), "d.json");
   EXPECT_TRUE(dyn->uses_dynamic_shifting());
   EXPECT_THROW(dyn->set_timesteps(4, std::nullopt), ConfigError);
+  EXPECT_THROW(dyn->set_timesteps(4, 1e6), RequestError);  // e^mu overflows: not finite
+  EXPECT_TRUE(dyn->timesteps().empty());                   // and no schedule is left to step
+  EXPECT_THROW(dyn->step(at::randn({1, 4, 2, 2}), 0, at::randn({1, 4, 2, 2})), Error);
 }
 
 TEST(UniPCScheduler, FirstFlowStepIsEuler) {
