@@ -127,6 +127,12 @@ double calculate_shift(int64_t image_seq_len, int64_t base_seq_len, int64_t max_
 FlowMatchEulerDiscreteScheduler::FlowMatchEulerDiscreteScheduler(FlowMatchSchedulerConfig config)
     : config_(std::move(config)) {}
 
+StepLimit FlowMatchEulerDiscreteScheduler::step_limit() const {
+  if (!config_.shift_terminal) return {};
+  return {2, fmt::format("shift_terminal {} stretches the schedule by 1 - its last sigma, which is 0 for a single step",
+                         *config_.shift_terminal)};
+}
+
 double FlowMatchEulerDiscreteScheduler::mu_for(int64_t image_seq_len) const {
   return calculate_shift(image_seq_len, config_.base_image_seq_len, config_.max_image_seq_len, config_.base_shift,
                          config_.max_shift);
@@ -184,6 +190,58 @@ void FlowMatchEulerDiscreteScheduler::finish(std::vector<float> s, std::optional
     const float scale = (1.0f - s.back()) / static_cast<float>(1.0 - *config_.shift_terminal);
     for (float& x : s) x = 1.0f - (1.0f - x) / scale;
   }
+  store(std::move(s));
+}
+
+void FlowMatchEulerDiscreteScheduler::set_own_timesteps(int64_t num_inference_steps, std::optional<double> mu) {
+  if (num_inference_steps < 1)
+    throw RequestError(fmt::format("num_inference_steps {} must be at least 1", num_inference_steps));
+  if (config_.use_dynamic_shifting && !mu.has_value())
+    throw ConfigError("scheduler use_dynamic_shifting is true, so set_timesteps needs mu (calculate_shift)");
+  // __init__'s training sigmas (float32 torch): t / T for t = T .. 1, shifted
+  // unless dynamic; their ends are sigma_max and sigma_min.
+  const int64_t train = config_.num_train_timesteps;
+  const float train_f = static_cast<float>(train);
+  auto train_sigma = [&](float t) {
+    const float x = t / train_f;
+    if (config_.use_dynamic_shifting) return x;
+    return static_cast<float>(config_.shift) * x / (1.0f + static_cast<float>(config_.shift - 1.0) * x);
+  };
+  const double t_max = static_cast<double>(train_sigma(train_f)) * static_cast<double>(train);
+  const double t_min = static_cast<double>(train_sigma(1.0f)) * static_cast<double>(train);
+  std::vector<double> sigmas = numpy_linspace(t_max, t_min, num_inference_steps);
+  for (double& x : sigmas) {
+    x /= static_cast<double>(train);
+    if (config_.use_dynamic_shifting) {
+      const double a = config_.time_shift_type == "exponential" ? std::exp(*mu) : *mu;
+      x = a / (a + (1.0 / x - 1.0));
+    } else {
+      x = config_.shift * x / (1.0 + (config_.shift - 1.0) * x);
+    }
+  }
+  if (config_.shift_terminal.has_value()) {
+    if (sigmas.back() >= 1.0) {
+      throw RequestError(fmt::format("steps: the scheduler's shift_terminal {} stretches the schedule by 1 - its "
+                                     "last sigma, which is 0 here ({} step(s)); use more steps",
+                                     *config_.shift_terminal, sigmas.size()),
+                         true);
+    }
+    const double scale = (1.0 - sigmas.back()) / (1.0 - *config_.shift_terminal);
+    for (double& x : sigmas) x = 1.0 - (1.0 - x) / scale;
+  }
+  std::vector<float> s(sigmas.begin(), sigmas.end());
+  for (float x : s) {
+    if (!std::isfinite(x)) {
+      throw RequestError(fmt::format("the schedule of {} steps is not finite (shift mu {}): the scheduler config's "
+                                     "shifts do not fit this request",
+                                     s.size(), mu ? fmt::format("{}", *mu) : std::string("unset")),
+                         true);
+    }
+  }
+  store(std::move(s));
+}
+
+void FlowMatchEulerDiscreteScheduler::store(std::vector<float> s) {
   float terminal = 0.0f;
   if (config_.invert_sigmas) {
     for (float& x : s) x = 1.0f - x;

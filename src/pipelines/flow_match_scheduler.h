@@ -1,5 +1,5 @@
 #pragma once
-// diffusers' FlowMatchEulerDiscreteScheduler as FluxPipeline drives it.
+// diffusers' FlowMatchEulerDiscreteScheduler as FluxPipeline drives it (a Scheduler: scheduler.h).
 //
 // Configured from a pipeline's scheduler/scheduler_config.json. FluxPipeline
 // calls set_timesteps(sigmas = linspace(1, 1/n, n), mu = calculate_shift(image
@@ -29,9 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace at {
-class Tensor;
-}
+#include "pipelines/scheduler.h"
 
 namespace tprun::pipelines {
 
@@ -60,9 +58,14 @@ struct FlowMatchSchedulerConfig {
 double calculate_shift(int64_t image_seq_len, int64_t base_seq_len = 256, int64_t max_seq_len = 4096,
                        double base_shift = 0.5, double max_shift = 1.15);
 
-class FlowMatchEulerDiscreteScheduler {
+class FlowMatchEulerDiscreteScheduler : public Scheduler {
  public:
   explicit FlowMatchEulerDiscreteScheduler(FlowMatchSchedulerConfig config);
+
+  std::string class_name() const override { return "FlowMatchEulerDiscreteScheduler"; }
+  bool uses_dynamic_shifting() const override { return config_.use_dynamic_shifting; }
+  // 2 with shift_terminal (it stretches by 1 - the last sigma, 0 for one step), else 1.
+  StepLimit step_limit() const override;
 
   const FlowMatchSchedulerConfig& config() const { return config_; }
 
@@ -72,14 +75,20 @@ class FlowMatchEulerDiscreteScheduler {
   // The schedule of `num_inference_steps` steps as FluxPipeline sets it up.
   // `mu` is required with use_dynamic_shifting (ConfigError otherwise, as in
   // diffusers) and ignored without it. RequestError for num_inference_steps < 1.
-  void set_timesteps(int64_t num_inference_steps, std::optional<double> mu);
+  void set_timesteps(int64_t num_inference_steps, std::optional<double> mu) override;
+  // diffusers' own schedule, as WanPipeline asks for it (set_timesteps(n) with
+  // no sigmas): t <- linspace(sigma_max T, sigma_min T, n) in float64, where
+  // sigma_max / sigma_min are the ends of __init__'s training sigmas
+  // (float32, statically shifted unless use_dynamic_shifting); sigmas <- t / T,
+  // then shifted (again) and stretched in float64 as above, stored float32.
+  void set_own_timesteps(int64_t num_inference_steps, std::optional<double> mu) override;
   // Same with explicit input sigmas (FluxPipeline's `sigmas=` argument).
   void set_sigmas(const std::vector<double>& sigmas, std::optional<double> mu);
 
   int64_t num_inference_steps() const { return static_cast<int64_t>(timesteps_.size()); }
   // [n] float32 values, and the [n + 1] sigmas (last: the terminal value).
-  const std::vector<float>& timesteps() const { return timesteps_; }
-  const std::vector<float>& sigmas() const { return sigmas_; }
+  const std::vector<float>& timesteps() const override { return timesteps_; }
+  const std::vector<float>& sigmas() const override { return sigmas_; }
   // As CPU float32 tensors ([n], [n + 1]).
   at::Tensor timesteps_tensor() const;
   at::Tensor sigmas_tensor() const;
@@ -91,10 +100,16 @@ class FlowMatchEulerDiscreteScheduler {
   // diffusers); the result is cast back to model_output's dtype, as diffusers
   // does (in FluxPipeline it equals the latents' dtype). Error (internal) for
   // an index outside [0, n) or before set_timesteps.
+  // Euler keeps no history: the step is the same from a const scheduler, and
+  // the Scheduler override is this one.
   at::Tensor step(const at::Tensor& model_output, int64_t step_index, const at::Tensor& sample) const;
+  at::Tensor step(const at::Tensor& model_output, int64_t step_index, const at::Tensor& sample) override {
+    return static_cast<const FlowMatchEulerDiscreteScheduler&>(*this).step(model_output, step_index, sample);
+  }
 
  private:
   void finish(std::vector<float> sigmas, std::optional<double> mu);
+  void store(std::vector<float> sigmas);
 
   FlowMatchSchedulerConfig config_;
   std::vector<float> timesteps_;

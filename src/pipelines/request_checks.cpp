@@ -6,7 +6,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "checkpoint/pipeline_folder.h"
-#include "pipelines/flow_match_scheduler.h"
+#include "pipelines/scheduler.h"
 #include "pipelines/component_check.h"
 #include "pipelines/pipeline_spec.h"
 #include "text/tokenizer_common.h"
@@ -54,12 +54,10 @@ void add_scheduler_request_options(const checkpoint::PipelineFolder& pf, Request
   const auto* scheduler = pf.find("scheduler");
   if (!scheduler) return;  // the load names the missing component
   const std::string path = scheduler->path + "/scheduler_config.json";
-  const FlowMatchSchedulerConfig c = FlowMatchSchedulerConfig::from_file(path);
-  if (c.shift_terminal) {
-    o.min_steps = 2;
-    o.min_steps_reason = fmt::format("{}: shift_terminal {} stretches the schedule by 1 - its last sigma, which is 0 "
-                                     "for a single step",
-                                     path, *c.shift_terminal);
+  const StepLimit limit = make_scheduler(path, scheduler->cls)->step_limit();
+  if (limit.min_steps > 1) {
+    o.min_steps = limit.min_steps;
+    o.min_steps_reason = fmt::format("{}: {}", path, limit.reason);
   }
 }
 
