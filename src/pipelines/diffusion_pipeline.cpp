@@ -73,6 +73,7 @@ void DiffusionPipeline::load_folder(const std::string& folder, const parallel::T
   shapes_ = configs.shapes();
   vae_scale_ = configs.vae().spatial_scale;
   scheduler_path_ = need_component(pf, "scheduler").path + "/scheduler_config.json";
+  scheduler_fallback_ = need_component(pf, "scheduler").cls;
   scheduler_config_ = read_json_file(scheduler_path_, "scheduler config");
   make_batch_scheduler();  // its config checked now, before any weight byte
   request_ = request_options(pf);
@@ -313,7 +314,12 @@ std::unique_ptr<Pipeline::InFlight> DiffusionPipeline::start_batch(const std::ve
   }
   b->latents = stack_batch(per_request, "latents");
   b->scheduler = make_batch_scheduler();
-  b->scheduler->set_timesteps(steps, schedule_mu(*b->scheduler, image_seq_len(height, width, vae_scale_), steps));
+  const std::optional<double> mu = schedule_mu(*b->scheduler, image_seq_len(height, width, vae_scale_), steps);
+  if (scheduler_own_timesteps()) {
+    b->scheduler->set_own_timesteps(steps, mu);
+  } else {
+    b->scheduler->set_timesteps(steps, mu);
+  }
   add_transformer_inputs(b->in.positive, r, batch);
   if (b->cfg) add_transformer_inputs(b->in.negative, r, batch);
   return b;
@@ -380,7 +386,7 @@ std::string DiffusionPipeline::latents_meaning() const {
 }
 
 std::unique_ptr<Scheduler> DiffusionPipeline::make_batch_scheduler() const {
-  return make_scheduler(scheduler_config_, scheduler_path_);
+  return make_scheduler(scheduler_config_, scheduler_path_, scheduler_fallback_);
 }
 
 const FlowMatchEulerDiscreteScheduler& DiffusionPipeline::flow_match(const Scheduler& scheduler) {

@@ -135,6 +135,9 @@ class DiffusionPipeline : public Pipeline {
   virtual c10::ScalarType latents_dtype() const { return ctx_.dtype; }
   // Scheduler shift: mu for set_timesteps (nullopt: none).
   virtual std::optional<double> schedule_mu(const Scheduler& scheduler, int64_t image_tokens, int64_t steps) const = 0;
+  // Whether the schedule is the scheduler's own (diffusers' set_timesteps(steps) with no sigmas, as
+  // WanPipeline calls it) rather than FluxPipeline's sigmas linspace(1, 1/n, n).
+  virtual bool scheduler_own_timesteps() const { return false; }
   // How the transformer sees the timestep and the latents (default: t / 1000
   // and the latents as they are, cfg_rescale()).
   virtual DenoiseStyle denoise_style() const;
@@ -167,7 +170,7 @@ class DiffusionPipeline : public Pipeline {
   RequestOptions request_;
   // scheduler/scheduler_config.json, checked at load; a fresh scheduler per batch.
   nlohmann::json scheduler_config_;
-  std::string scheduler_path_;
+  std::string scheduler_path_, scheduler_fallback_;  // the file; model_index.json's class for a config without one
   std::unique_ptr<Scheduler> make_batch_scheduler() const;
   // `scheduler` as FlowMatchEulerDiscreteScheduler (the families whose spec
   // accepts no other); an internal error otherwise.

@@ -65,6 +65,7 @@ class WanPipeline final : public DiffusionPipeline {
   double cfg_scale(const GenerationRequest& r) const override { return *r.guidance; }
   std::optional<double> schedule_mu(const Scheduler&, int64_t, int64_t) const override { return std::nullopt; }
   DenoiseStyle denoise_style() const override;
+  bool scheduler_own_timesteps() const override { return true; }
   const models::Denoiser& step_transformer(float t) const override;
   double step_cfg_scale(const GenerationRequest& r, float t) const override;
   std::string batch_key_extra(const GenerationRequest& r) const override;
