@@ -63,7 +63,9 @@ at::Tensor causal_conv(const at::Tensor& x, const CausalConvWeights& w, const at
   }
   if (front > 0) in = at::constant_pad_nd(in, {0, 0, 0, 0, front, 0}, 0);
   const at::Tensor weight = w.weight.get();
-  if (weight.dim() != 5) throw Error(Error::Kind::Internal, "causal_conv: a many-frame run needs the 5-D causal conv weights");
+  if (weight.dim() != 5) {
+    throw Error(Error::Kind::Internal, "causal_conv: a many-frame run needs the 5-D causal conv weights");
+  }
   return nn::conv3d(in, weight, w.bias.get(), w.time_stride, w.padding);
 }
 
@@ -115,7 +117,9 @@ at::Tensor mid_block_video(const CausalMidBlockWeights& w, const at::Tensor& x, 
 }
 
 void check_time_conv(const CausalResampleWeights& w) {
-  if (!w.time_conv.weight.defined()) throw Error(Error::Kind::Internal, "resample_video: the 3-D resampler's time_conv is not loaded");
+  if (!w.time_conv.weight.defined()) {
+    throw Error(Error::Kind::Internal, "resample_video: the 3-D resampler's time_conv is not loaded");
+  }
 }
 
 at::Tensor resample_video(const CausalResampleWeights& w, const at::Tensor& x_in, FeatureCache& cache) {

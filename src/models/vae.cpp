@@ -224,9 +224,10 @@ TensorMap Vae::encode(const at::Tensor& image, Trace* trace) const {
     const at::Tensor videos = video_batch(image, "image", info_.sample_channels);
     const int64_t frames = videos.size(2), t = info_.temporal_scale;
     if ((frames - 1) % t != 0) {
+      const int64_t below = 1 + t * ((frames - 1) / t);
       throw RequestError(fmt::format("input 'image' has {} frames; {} encodes 1 + {} k frames (the first frame, then "
                                      "chunks of {}), e.g. {} or {}",
-                                     frames, info_.cls, t, t, 1 + t * ((frames - 1) / t), 1 + t * ((frames - 1) / t + 1)),
+                                     frames, info_.cls, t, t, below, below + t),
                          true);
     }
     auto one = [&](const at::Tensor& slice) { return encode_videos(slice, trace); };
