@@ -18,6 +18,8 @@
 #include "dist/session.h"
 #include "jobs/output_folder.h"
 #include "models/model_inputs.h"
+#include "models/vae.h"
+#include "models/vae_split_decode.h"
 #include "runtime/error.h"
 
 namespace tprun::cli {
@@ -37,7 +39,7 @@ Command forward_command() {
          "encoder_hidden_states_mask, timestep (t / 1000), img_shapes (int64 [B, 3]: frames, h, w in patches); "
          "WanTransformer3DModel: hidden_states [B, C, F, H, W], timestep [B] (0..1000), encoder_hidden_states; "
          "text encoders: input_ids (int64 [B, S]); vae_decoder: latents (already "
-         "/ scaling_factor + shift_factor); vae_encoder: image in [-1, 1]")
+         "/ scaling_factor + shift_factor; [B, C, F, h, w] for video VAEs; at --tp > 1 decoded across the group); vae_encoder: image in [-1, 1]")
         ("out", po::value<std::string>(), "safetensors file rank 0 writes (F32; an existing file only if tprun wrote it; never in the model folder) with every "
          "output: transformers 'sample'; CLIP 'last_hidden_state' + 'pooler_output'; T5 'last_hidden_state'; "
          "vae_decoder 'sample'; vae_encoder 'mean' + 'std'")
@@ -72,7 +74,12 @@ Command forward_command() {
     models::check_input_names(inputs, *model, "--inputs " + vm["inputs"].as<std::string>());
     const auto t1 = std::chrono::steady_clock::now();
     if (tp.comm) tp.comm->reset_stats();
-    auto outputs = model->forward(inputs);
+    // A VAE decode at tp > 1 is spread over the group (models/vae_split_decode.h), as a pipeline's can be.
+    const auto* vae = dynamic_cast<const models::Vae*>(model.get());
+    const bool split_decode = vae != nullptr && tp.size > 1 && inputs.size() == 1 && inputs.count("latents") != 0;
+    auto outputs = split_decode
+                       ? models::TensorMap{{"sample", models::decode_across_group(*vae, inputs.at("latents"), tp)}}
+                       : model->forward(inputs);
     const auto t2 = std::chrono::steady_clock::now();
     // The main output, or (a component with parts, e.g. a whole VAE given an image) the first one.
     const std::string shown = outputs.count(model->primary_output()) ? model->primary_output() : outputs.begin()->first;

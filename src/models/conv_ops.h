@@ -17,5 +17,9 @@ namespace tprun::models::nn {
 // depend on the thread count; other dtypes (never sent by thread count) and devices: at::conv2d.
 at::Tensor conv2d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t stride,
                   int64_t padding);
+// torch.nn.functional.conv3d on [B, C, T, H, W] with no time padding (the causal VAEs pad time
+// themselves), `padding` on both spatial sides, `time_stride` in time and 1 in space; oneDNN as conv2d.
+at::Tensor conv3d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t time_stride,
+                  int64_t padding);
 
 }  // namespace tprun::models::nn

@@ -7,7 +7,6 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/clamp.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/silu.h>
 
 #include "checkpoint/safetensors_header.h"
@@ -17,7 +16,8 @@
 #include "models/model_config.h"
 #include "models/model_registry.h"
 #include "models/nn_ops.h"
-#include "models/qwen_image_vae_blocks.h"
+#include "models/causal_vae_blocks.h"
+#include "models/causal_vae_config.h"
 #include "models/vae_tiling.h"
 #include "runtime/error.h"
 
@@ -25,72 +25,9 @@ namespace tprun::models {
 
 namespace {
 
-// diffusers' AutoencoderKLQwenImage.__init__ defaults of the latent statistics (z_dim 16).
-const std::vector<double> kDefaultLatentsMean = {-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653,
-                                                 -0.1517, 1.5508,  0.4134,  -0.0715, 0.5517,  -0.3632,
-                                                 -0.1922, -0.9497, 0.2503,  -0.2921};
-const std::vector<double> kDefaultLatentsStd = {2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-                                                3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160};
 constexpr size_t kMaxLevels = 16;
-constexpr size_t kMaxListLength = 4096;
 // diffusers' enable_tiling defaults (pixels).
 constexpr int64_t kDefaultTile = 256;
-
-// A list of finite numbers (at most kMaxListLength); `fallback` when absent or null.
-std::vector<double> number_list(const nlohmann::json& c, const std::string& field, const std::string& path,
-                                const std::vector<double>& fallback) {
-  if (!c.contains(field) || c[field].is_null()) return fallback;
-  const auto& v = c[field];
-  if (!v.is_array() || v.size() > kMaxListLength) {
-    throw CheckpointError(fmt::format("{}: field '{}' must be a list of at most {} numbers", path, field,
-                                      kMaxListLength));
-  }
-  std::vector<double> out;
-  for (const auto& e : v) {
-    if (!e.is_number() || !std::isfinite(e.get<double>())) {
-      throw CheckpointError(fmt::format("{}: field '{}' holds {}, not a finite number", path, field,
-                                        clip_text(e.dump())));
-    }
-    out.push_back(e.get<double>());
-  }
-  return out;
-}
-
-// A list of booleans (at most kMaxLevels); `fallback` when absent or null.
-std::vector<bool> bool_list(const nlohmann::json& c, const std::string& field, const std::string& path,
-                            const std::vector<bool>& fallback) {
-  if (!c.contains(field) || c[field].is_null()) return fallback;
-  const auto& v = c[field];
-  if (!v.is_array() || v.size() > kMaxLevels) {
-    throw CheckpointError(fmt::format("{}: field '{}' must be a list of at most {} booleans", path, field,
-                                      kMaxLevels));
-  }
-  std::vector<bool> out;
-  for (const auto& e : v) {
-    if (!e.is_boolean()) {
-      throw CheckpointError(fmt::format("{}: field '{}' holds {}, not a boolean", path, field, clip_text(e.dump())));
-    }
-    out.push_back(e.get<bool>());
-  }
-  return out;
-}
-
-// latents_mean / latents_std: z_dim entries (std positive).
-std::vector<double> latent_stats(const nlohmann::json& c, const std::string& field, const std::string& path,
-                                 const std::vector<double>& fallback, int64_t z_dim, bool positive) {
-  const bool given = c.contains(field) && !c[field].is_null();
-  std::vector<double> v = number_list(c, field, path, fallback);
-  if (static_cast<int64_t>(v.size()) != z_dim) {
-    throw CheckpointError(fmt::format("{}: field '{}' has {} entries but z_dim is {}{}", path, field, v.size(),
-                                      z_dim, given ? "" : " (absent: diffusers' default has 16)"));
-  }
-  for (double x : v) {
-    if (positive && !(x > 0)) {
-      throw CheckpointError(fmt::format("{}: field '{}' holds {}; every entry must be positive", path, field, x));
-    }
-  }
-  return v;
-}
 
 }  // namespace
 
@@ -118,7 +55,7 @@ QwenImageVaeConfig QwenImageVaeConfig::from_json(const nlohmann::json& c, const 
     }
   }
   const size_t n = v.dim_mult.size();
-  v.temperal_downsample = bool_list(c, "temperal_downsample", path, v.temperal_downsample);
+  v.temperal_downsample = vae_bool_list(c, "temperal_downsample", path, v.temperal_downsample);
   if (v.temperal_downsample.size() != n - 1) {
     throw CheckpointError(fmt::format("{}: field 'temperal_downsample' has {} entries but dim_mult has {} levels "
                                       "(one entry per downsampling: {})",
@@ -132,96 +69,29 @@ QwenImageVaeConfig QwenImageVaeConfig::from_json(const nlohmann::json& c, const 
     throw CheckpointError(fmt::format("{}: field 'dim_mult' lists {} levels but {} holds {} 'decoder.up_blocks.<i>'",
                                       path, n, census->source(), census->blocks("decoder.up_blocks")));
   }
-  v.attn_scales = number_list(c, "attn_scales", path, {});
-  for (double s : v.attn_scales) {
-    for (size_t i = 0; i < n; ++i) {
-      if (s == std::ldexp(1.0, -static_cast<int>(i))) {
-        throw CheckpointError(fmt::format("{}: field 'attn_scales' holds {}, the scale of encoder level {}: "
-                                          "diffusers' QwenImageEncoder3d cannot run attention blocks inside "
-                                          "down_blocks (its forward passes them the feature cache), so neither "
-                                          "does tprun; use []",
-                                          path, s, i));
-      }
-    }
-  }
+  v.attn_scales = vae_number_list(c, "attn_scales", path, {});
+  check_vae_attn_scales(v.attn_scales, n, path, "QwenImageEncoder3d");
   v.dropout = config_number_or(c, "dropout", path, 0.0);
   if (!(v.dropout >= 0 && v.dropout < 1)) {
     throw CheckpointError(fmt::format("{}: field 'dropout' = {} must be in [0, 1)", path, v.dropout));
   }
-  v.latents_mean = latent_stats(c, "latents_mean", path, kDefaultLatentsMean, v.z_dim, false);
-  v.latents_std = latent_stats(c, "latents_std", path, kDefaultLatentsStd, v.z_dim, true);
+  v.latents_mean = vae_latent_stats(c, "latents_mean", path, wan21_latents_mean(), v.z_dim, false);
+  v.latents_std = vae_latent_stats(c, "latents_std", path, wan21_latents_std(), v.z_dim, true);
   return v;
 }
 
 namespace {
 
-// The whole model in module order: encoder (conv_in, down_blocks, mid_block,
-// norm_out, conv_out), quant_conv, post_quant_conv, decoder (conv_in,
-// mid_block, up_blocks, norm_out, conv_out). All replicated.
-QwenVaeWeights declare_qwen_vae(const QwenImageVaeConfig& cfg, ModelBuilder& b, CausalConvLoad& load) {
-  QwenVaeWeights w;
-  const size_t n = cfg.dim_mult.size();
-
-  QwenEncoderWeights& e = w.encoder;
-  e.conv_in = declare_causal_conv(b, load, "encoder.conv_in", cfg.encoder_dim(0), cfg.input_channels, 3);
-  int64_t index = 0;  // down_blocks is one flat list: resnets and resamplers
-  for (size_t i = 0; i < n; ++i) {
-    int64_t in = cfg.encoder_dim(i);
-    const int64_t out = cfg.encoder_dim(i + 1);
-    for (int64_t r = 0; r < cfg.num_res_blocks; ++r) {
-      QwenDownLayer layer;
-      layer.resnet = declare_qwen_residual(b, load, fmt::format("encoder.down_blocks.{}", index++), in, out);
-      e.down.push_back(std::move(layer));
-      in = out;
-    }
-    if (i + 1 < n) {
-      QwenDownLayer layer;
-      layer.is_resample = true;
-      layer.resample = declare_qwen_resample(b, fmt::format("encoder.down_blocks.{}", index++), out, false,
-                                             cfg.temperal_downsample[i]);
-      e.down.push_back(std::move(layer));
-    }
-  }
-  const int64_t top = cfg.encoder_dim(n);
-  e.mid = declare_qwen_mid_block(b, load, "encoder.mid_block", top);
-  e.norm_out = b.tensor("encoder.norm_out.gamma", {top, 1, 1, 1}, TensorKind::Norm);
-  e.conv_out = declare_causal_conv(b, load, "encoder.conv_out", 2 * cfg.z_dim, top, 3);  // mean and logvar
-
-  w.quant_conv = declare_causal_conv(b, load, "quant_conv", 2 * cfg.z_dim, 2 * cfg.z_dim, 1);
-  w.post_quant_conv = declare_causal_conv(b, load, "post_quant_conv", cfg.z_dim, cfg.z_dim, 1);
-
-  // Decoder widths: top, then the levels from the last to the first.
-  QwenDecoderWeights& d = w.decoder;
-  d.conv_in = declare_causal_conv(b, load, "decoder.conv_in", top, cfg.z_dim, 3);
-  d.mid = declare_qwen_mid_block(b, load, "decoder.mid_block", top);
-  int64_t width = top;
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t in = i == 0 ? width : width / 2;  // the previous upsampler halved it
-    const int64_t out = cfg.encoder_dim(n - i);
-    QwenUpBlockWeights blk;
-    for (int64_t r = 0; r <= cfg.num_res_blocks; ++r) {
-      blk.resnets.push_back(
-          declare_qwen_residual(b, load, fmt::format("decoder.up_blocks.{}.resnets.{}", i, r), r == 0 ? in : out, out));
-    }
-    blk.has_upsampler = i + 1 < n;
-    if (blk.has_upsampler) {
-      // temperal_upsample = reversed(temperal_downsample)
-      blk.upsampler = declare_qwen_resample(b, fmt::format("decoder.up_blocks.{}.upsamplers.0", i), out, true,
-                                            cfg.temperal_downsample[n - 2 - i]);
-    }
-    d.up.push_back(std::move(blk));
-    width = out;
-  }
-  d.norm_out = b.tensor("decoder.norm_out.gamma", {width, 1, 1, 1}, TensorKind::Norm);
-  d.conv_out = declare_causal_conv(b, load, "decoder.conv_out", cfg.input_channels, width, 3);
-  return w;
-}
-
-at::Tensor stats_tensor(const std::vector<double>& v) {
-  std::vector<double> copy = v;
-  const auto n = static_cast<int64_t>(copy.size());
-  const at::Tensor t = at::from_blob(copy.data(), {n}, at::TensorOptions().dtype(at::kDouble));
-  return t.to(at::kFloat).reshape({1, n, 1, 1, 1});  // a copy: `copy` dies here
+// The shared layout of `cfg` (one frame: the time_convs unused).
+CausalVaeLayout layout_of(const QwenImageVaeConfig& cfg) {
+  CausalVaeLayout l;
+  l.base_dim = l.decoder_base_dim = cfg.base_dim;
+  l.z_dim = cfg.z_dim;
+  l.dim_mult = cfg.dim_mult;
+  l.num_res_blocks = cfg.num_res_blocks;
+  l.temperal_downsample = cfg.temperal_downsample;
+  l.in_channels = l.out_channels = cfg.input_channels;
+  return l;
 }
 
 }  // namespace
@@ -229,7 +99,7 @@ at::Tensor stats_tensor(const std::vector<double>& v) {
 ModelTable QwenImageVae::table_for(const QwenImageVaeConfig& config, const ModelOptions& options) {
   ModelTable table = record_table(kClass, [&](ModelBuilder& b) {
     CausalConvLoad load;
-    declare_qwen_vae(config, b, load);
+    declare_causal_vae(layout_of(config), b, load);
   });
   mark_other_part_optional(table, options.part);
   return table;
@@ -277,11 +147,11 @@ std::unique_ptr<QwenImageVae> QwenImageVae::load(checkpoint::WeightSource& sourc
   // Keep only the used time tap when the weights are plainly resident.
   CausalConvLoad conv_load;
   conv_load.last_tap_only = mem.layerwise_storage.empty() && !mem.offload.enabled() && !mem.device_mapped();
-  auto w = std::make_shared<QwenVaeWeights>();
+  auto w = std::make_shared<CausalVaeWeights>();
   BuiltModel built = build_model(kClass, source, parallel::TpContext{}, m->part_build_options(options),
                                  [&](ModelBuilder& b) {
                                    conv_load.bytes_dropped = 0;  // counted in the loading pass only
-                                   *w = declare_qwen_vae(cfg, b, conv_load);
+                                   *w = declare_causal_vae(layout_of(cfg), b, conv_load);
                                  });
   w->attention_chunk = attention_chunk;
   nn::log_sdpa_attention(kClass, options.device, checkpoint::parse_compute_dtype(m->compute_dtype(), "dtype"), 1,
@@ -305,7 +175,7 @@ at::Tensor QwenImageVae::decode_images(const at::Tensor& z, Trace* trace) const 
 }
 
 at::Tensor QwenImageVae::decode_frame(const at::Tensor& z_in, Trace* trace) const {
-  const QwenDecoderWeights& d = w_->decoder;
+  const CausalDecoderWeights& d = w_->decoder;
   auto record = [&](const std::string& name, const at::Tensor& t) {
     if (trace) trace->emplace_back(name, t.unsqueeze(2));
   };
@@ -314,14 +184,14 @@ at::Tensor QwenImageVae::decode_frame(const at::Tensor& z_in, Trace* trace) cons
   record("post_quant_conv", h);
   h = causal_conv_frame(h, d.conv_in);
   record("decoder.conv_in", h);
-  h = qwen_mid_block_forward(d.mid, h, w_->attention_chunk);
+  h = mid_block_frame(d.mid, h, w_->attention_chunk);
   record("decoder.mid_block", h);
   for (size_t i = 0; i < d.up.size(); ++i) {
-    for (const auto& r : d.up[i].resnets) h = qwen_residual_forward(r, h);
-    if (d.up[i].has_upsampler) h = qwen_resample_forward(d.up[i].upsampler, h);
+    for (const auto& r : d.up[i].resnets) h = residual_frame(r, h);
+    if (d.up[i].has_upsampler) h = resample_frame(d.up[i].upsampler, h);
     record(fmt::format("decoder.up_blocks.{}", i), h);
   }
-  h = qwen_rms_norm(h, d.norm_out);
+  h = causal_rms_norm(h, d.norm_out);
   at::silu_(h);
   h = causal_conv_frame(h, d.conv_out);
   record("decoder.conv_out", h);
@@ -356,7 +226,7 @@ at::Tensor QwenImageVae::encode_moments(const at::Tensor& image, Trace* trace) c
       }
     }
   }
-  const QwenEncoderWeights& e = w_->encoder;
+  const CausalEncoderWeights& e = w_->encoder;
   auto record = [&](const std::string& name, const at::Tensor& t) {
     if (trace) trace->emplace_back(name, t.unsqueeze(2));
   };
@@ -364,13 +234,13 @@ at::Tensor QwenImageVae::encode_moments(const at::Tensor& image, Trace* trace) c
   at::Tensor h = causal_conv_frame(image.to(opts.device(), opts.dtype().toScalarType()), e.conv_in);
   record("encoder.conv_in", h);
   for (size_t i = 0; i < e.down.size(); ++i) {
-    const QwenDownLayer& layer = e.down[i];
-    h = layer.is_resample ? qwen_resample_forward(layer.resample, h) : qwen_residual_forward(layer.resnet, h);
+    const CausalDownLayer& layer = e.down[i];
+    h = layer.is_resample ? resample_frame(layer.resample, h) : residual_frame(layer.resnet, h);
     record(fmt::format("encoder.down_blocks.{}", i), h);
   }
-  h = qwen_mid_block_forward(e.mid, h, w_->attention_chunk);
+  h = mid_block_frame(e.mid, h, w_->attention_chunk);
   record("encoder.mid_block", h);
-  h = qwen_rms_norm(h, e.norm_out);
+  h = causal_rms_norm(h, e.norm_out);
   at::silu_(h);
   h = causal_conv_frame(h, e.conv_out);
   record("encoder.conv_out", h);
@@ -379,19 +249,13 @@ at::Tensor QwenImageVae::encode_moments(const at::Tensor& image, Trace* trace) c
   return h;
 }
 
-at::Tensor QwenImageVae::latents_mean() const { return stats_tensor(config_.latents_mean); }
-at::Tensor QwenImageVae::latents_std() const { return stats_tensor(config_.latents_std); }
+at::Tensor QwenImageVae::latents_mean() const { return latent_stats_tensor(config_.latents_mean); }
+at::Tensor QwenImageVae::latents_std() const { return latent_stats_tensor(config_.latents_std); }
 
 std::pair<at::Tensor, at::Tensor> QwenImageVae::stats_for(const at::Tensor& z) const {
-  if (!z.defined() || z.dim() != 5 || z.size(1) != config_.z_dim) {
-    throw RequestError(fmt::format("{}: latents 'z' must be [B, {}, F, h, w], got {}", kClass, config_.z_dim,
-                                   z.defined() ? checkpoint::shape_string(z.sizes().vec()) : "none"),
-                       true);
-  }
   // As QwenImagePipeline: fp32 statistics from the config's numbers, then z's
   // device and dtype, the reciprocal taken there.
-  const at::Tensor inv_std = 1.0 / latents_std().to(z.device(), z.scalar_type());
-  return {latents_mean().to(z.device(), z.scalar_type()), inv_std};
+  return latent_stats_for(z, config_.latents_mean, config_.latents_std, kClass);
 }
 
 at::Tensor QwenImageVae::denormalize(const at::Tensor& z) const {

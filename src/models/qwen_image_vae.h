@@ -19,7 +19,7 @@
 // base_dim x [dim_mult[-1]] + reversed(dim_mult), each block after the first
 // taking half its predecessor's width (the upsampler's conv halves it).
 // Every conv of the model is a causal 3-D conv, which on one frame is the 2-D
-// conv of its last time tap (qwen_image_vae_blocks.h says why).
+// conv of its last time tap (causal_vae_blocks.h says why).
 //
 // Slicing and tiling are diffusers' (enable_slicing / enable_tiling of this
 // class, which differ from AutoencoderKL's): tiles of tile_sample_min pixels
@@ -78,7 +78,7 @@ struct QwenImageVaeConfig {
                                       const TensorCensus* census = nullptr);
 };
 
-struct QwenVaeWeights;  // qwen_image_vae_blocks.h
+struct CausalVaeWeights;  // causal_vae_blocks.h
 
 class QwenImageVae final : public Vae {
  public:
@@ -133,7 +133,7 @@ class QwenImageVae final : public Vae {
 
   QwenImageVaeConfig config_;
   int64_t tile_stride_ = 192;
-  std::shared_ptr<const QwenVaeWeights> w_;
+  std::shared_ptr<const CausalVaeWeights> w_;
 };
 
 }  // namespace tprun::models

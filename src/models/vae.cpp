@@ -142,6 +142,7 @@ void Vae::init_vae(VaeInfo info, const ModelOptions& options) {
   switches_.tiling = mem.vae_tiling;
   switches_.tile_sample = mem.vae_tile_sample_size > 0 ? mem.vae_tile_sample_size : info.default_tile_sample;
   switches_.tile_overlap = mem.vae_tile_overlap;
+  device_ = options.device;
   info_ = std::move(info);
 }
 
@@ -183,8 +184,33 @@ at::Tensor Vae::image_batch(const at::Tensor& x, const char* name, int64_t chann
   return one_frame ? x.squeeze(2) : x;
 }
 
+at::Tensor Vae::video_batch(const at::Tensor& x, const char* name, int64_t channels) const {
+  if (!x.defined()) throw RequestError(fmt::format("input '{}' is missing", name), true);
+  if (!(x.dim() == 4 || x.dim() == 5) || x.size(1) != channels || x.numel() == 0) {
+    throw RequestError(fmt::format("input '{}' must be [B, {}, F, H, W] or [B, {}, H, W] (non-empty), got {}", name,
+                                   channels, channels, checkpoint::shape_string(x.sizes().vec())),
+                       true);
+  }
+  return x.dim() == 4 ? x.unsqueeze(2) : x;
+}
+
+at::Tensor Vae::decode_videos(const at::Tensor&, Trace*) const {
+  throw Error(Error::Kind::Internal, fmt::format("{}: decode_videos called on a VAE without a time axis", info_.cls));
+}
+
+at::Tensor Vae::encode_videos(const at::Tensor&, Trace*) const {
+  throw Error(Error::Kind::Internal, fmt::format("{}: encode_videos called on a VAE without a time axis", info_.cls));
+}
+
+std::optional<Vae::TiledDecode> Vae::tiled_decode(const at::Tensor&) const { return std::nullopt; }
+
 at::Tensor Vae::decode(const at::Tensor& z, Trace* trace) const {
   if (!has_decoder()) throw ConfigError(fmt::format("{}::decode: the VAE was loaded without its decoder", info_.cls));
+  if (info_.temporal_scale > 1) {
+    const at::Tensor videos = video_batch(z, "z", info_.latent_channels);
+    auto one = [&](const at::Tensor& slice) { return decode_videos(slice, trace); };
+    return switches_.slicing ? sliced_apply(videos, one) : one(videos);
+  }
   const at::Tensor images = image_batch(z, "z", info_.latent_channels);
   // As diffusers: slicing splits the batch, each slice tiled when larger than a tile.
   auto one = [&](const at::Tensor& slice) { return decode_images(slice, trace); };
@@ -194,6 +220,24 @@ at::Tensor Vae::decode(const at::Tensor& z, Trace* trace) const {
 
 TensorMap Vae::encode(const at::Tensor& image, Trace* trace) const {
   if (!has_encoder()) throw ConfigError(fmt::format("{}::encode: the VAE was loaded without its encoder", info_.cls));
+  if (info_.temporal_scale > 1) {
+    const at::Tensor videos = video_batch(image, "image", info_.sample_channels);
+    const int64_t frames = videos.size(2), t = info_.temporal_scale;
+    if ((frames - 1) % t != 0) {
+      const int64_t below = 1 + t * ((frames - 1) / t);
+      throw RequestError(fmt::format("input 'image' has {} frames; {} encodes 1 + {} k frames (the first frame, then "
+                                     "chunks of {}), e.g. {} or {}",
+                                     frames, info_.cls, t, t, below, below + t),
+                         true);
+    }
+    auto one = [&](const at::Tensor& slice) { return encode_videos(slice, trace); };
+    const at::Tensor moments = switches_.slicing ? sliced_apply(videos, one) : one(videos);
+    auto parts = moments.chunk(2, 1);
+    TensorMap out;
+    out["mean"] = parts[0].contiguous();
+    out["std"] = at::exp(at::clamp(parts[1], -30.0, 20.0) * 0.5);
+    return out;
+  }
   const at::Tensor images = image_batch(image, "image", info_.sample_channels);
   auto one = [&](const at::Tensor& slice) { return encode_images(slice, trace); };
   const at::Tensor moments = switches_.slicing ? sliced_apply(images, one) : one(images);

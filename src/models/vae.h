@@ -1,6 +1,6 @@
 #pragma once
 // What a pipeline needs of a VAE, whatever its class (AutoencoderKL,
-// AutoencoderKLFlux2, AutoencoderKLQwenImage; AutoencoderKLWan next):
+// AutoencoderKLFlux2, AutoencoderKLQwenImage, AutoencoderKLWan):
 //   Vae          the loaded model: decode, encode, latent normalisation,
 //                spatial and temporal scale factors, slicing and tiling as
 //                loaded, its compute dtype, its shape for the memory estimate
@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 
 #include "models/model.h"
 #include "models/model_registry.h"
+#include "models/vae_tiling.h"
 
 namespace at {
 class Tensor;
@@ -47,7 +49,8 @@ struct VaeInfo {
   std::string cls;                        // the config's _class_name
   int64_t latent_channels = 0;            // channels of one latent (before any packing)
   int64_t spatial_scale = 8;              // pixels per latent per side
-  int64_t temporal_scale = 1;             // 1 for image VAEs
+  int64_t temporal_scale = 1;             // frames per latent frame after the first: 1 for image VAEs
+                                          // and one-frame ones (AutoencoderKLQwenImage), 4 for AutoencoderKLWan
   int64_t default_tile_sample = 0;        // tile side (px) when [memory] vae_tile_sample_size is unset
   bool force_upcast = false;              // a 16-bit compute dtype runs this VAE in fp32
   int64_t sample_channels = 3;            // channels of the images it encodes
@@ -89,20 +92,42 @@ struct VaeSwitches {
 
 class Vae : public Model {
  public:
-  // Denormalized latents in the layout this VAE decodes ([B, C, h, w] image
-  // VAEs; [B, C, 1, h, w] or [B, C, h, w] for a VAE with a frame axis, which
-  // tprun decodes one frame at a time), on any device / dtype (moved to the
-  // VAE's) -> samples [B, S, H, W] ([B, S, 1, H, W] with a frame axis; S the
-  // image channels, 3), not clamped by image VAEs, in compute_dtype(). The
-  // batch one image at a time when slicing; each image tiled when tiling and
-  // larger than a tile.
+  // Denormalized latents in the layout this VAE decodes, on any device /
+  // dtype (moved to the VAE's) -> samples in compute_dtype():
+  //   image VAEs: [B, C, h, w] -> [B, S, H, W] (S the image channels, 3),
+  //     not clamped;
+  //   one-frame VAEs with a frame axis (temporal_scale 1:
+  //     AutoencoderKLQwenImage): [B, C, 1, h, w] or [B, C, h, w] ->
+  //     [B, S, 1, H, W];
+  //   video VAEs (temporal_scale T > 1: AutoencoderKLWan): [B, C, F, h, w]
+  //     (or [B, C, h, w], one frame) -> [B, S, 1 + T (F - 1), H, W].
+  // The batch one item (image or video) at a time when slicing; each item
+  // tiled when tiling and larger than a tile (a video's tiles span all its
+  // frames).
   // RequestError naming 'z' for another layout or channel count; ConfigError
   // when loaded without the decoder.
   at::Tensor decode(const at::Tensor& z, Trace* trace = nullptr) const;
-  // Samples in [-1, 1], laid out as decode's output -> {"mean", "std"} of the
-  // latent distribution, laid out as decode's input; sliced and tiled alike.
+  // Samples in [-1, 1], laid out as decode's output (a video VAE's frame
+  // count 1 + T k) -> {"mean", "std"} of the latent distribution, laid out
+  // as decode's input; sliced and tiled alike.
   // RequestError naming 'image'; ConfigError when loaded without the encoder.
   TensorMap encode(const at::Tensor& image, Trace* trace = nullptr) const;
+
+  // How decode(z) of one slice (z as decode takes it: the whole batch, or
+  // one item when slicing) runs when it is tiled, for a decode that spreads
+  // the tiles over ranks (vae_split_decode.h): decode(z) equals
+  // finish(blend_grid(tile(contiguous input tile) for each of
+  // grid_tiles(input, grid))). std::nullopt when decode(z) does not tile it
+  // (tiling off, z within one tile, or a class that does not describe its
+  // tiles: AutoencoderKL, AutoencoderKLFlux2, AutoencoderKLQwenImage).
+  // RequestError / ConfigError as decode.
+  struct TiledDecode {
+    at::Tensor input;  // z checked, on the VAE's device and dtype, in the layout the grid cuts
+    VaeTileGrid grid;
+    std::function<at::Tensor(const at::Tensor&)> tile;    // one input tile -> its samples
+    std::function<at::Tensor(const at::Tensor&)> finish;  // the blended grid -> decode(z)
+  };
+  virtual std::optional<TiledDecode> tiled_decode(const at::Tensor& z) const;
   // The pipeline's latent normalisation undone / applied, computed in z's
   // dtype on z's device. `z` is in the layout this VAE's statistics describe:
   // AutoencoderKL [B, C, h, w] (z / scaling_factor + shift_factor);
@@ -135,6 +160,8 @@ class Vae : public Model {
   double tile_overlap() const { return switches_.tile_overlap; }
   bool has_decoder() const { return loaded_ && switches_.part != "encoder"; }
   bool has_encoder() const { return loaded_ && switches_.part != "decoder"; }
+  // The device it was loaded on (ModelOptions::device: "cpu", "cuda:0").
+  const std::string& device() const { return device_; }
   // This loaded decoder's shape for the memory estimate on `device`.
   VaeShape memory_shape(const std::string& device) const;
 
@@ -155,6 +182,9 @@ class Vae : public Model {
   // x as [B, channels, H, W] (a frame-axis VAE's one frame squeezed);
   // RequestError naming the input otherwise.
   at::Tensor image_batch(const at::Tensor& x, const char* name, int64_t channels) const;
+  // x as [B, channels, F, H, W] (a 4-D x as one frame): a video VAE's input;
+  // RequestError naming the input otherwise.
+  at::Tensor video_batch(const at::Tensor& x, const char* name, int64_t channels) const;
 
  private:
   // The class's decode / encode of one slice of images ([b, C, h, w] /
@@ -162,10 +192,17 @@ class Vae : public Model {
   // a tile; encode_images returns the moments cat(mean, logvar) on dim 1.
   virtual at::Tensor decode_images(const at::Tensor& z, Trace* trace) const = 0;
   virtual at::Tensor encode_images(const at::Tensor& image, Trace* trace) const = 0;
+  // A video VAE's (temporal_scale > 1) decode / encode of one slice of
+  // videos ([b, C, F, h, w] / [b, sample_channels, 1 + T k, H, W], checked),
+  // tiled likewise; encode_videos returns cat(mean, logvar) on dim 1. Other
+  // classes never get these calls (an internal error if they did).
+  virtual at::Tensor decode_videos(const at::Tensor& z, Trace* trace) const;
+  virtual at::Tensor encode_videos(const at::Tensor& image, Trace* trace) const;
 
   VaeInfo info_;
   std::string compute_dtype_ = "fp32";
   VaeSwitches switches_;
+  std::string device_ = "cpu";
   bool loaded_ = false;
 };
 

@@ -12,7 +12,7 @@ namespace tprun::models {
 
 namespace {
 
-// b's first `extent` rows (dim 2) or columns (dim 3) become a linear blend
+// b's first `extent` rows or columns (dim `dim`) become a linear blend
 // from a's last ones into b's, in place, as diffusers' blend_v / blend_h.
 void blend(const at::Tensor& a, at::Tensor& b, int64_t dim, int64_t extent) {
   extent = std::min({a.size(dim), b.size(dim), extent});
@@ -42,34 +42,48 @@ at::Tensor tiled_apply(const at::Tensor& x, const VaeTiles& t, const std::functi
   return tiled_apply_grid(x, VaeTileGrid{t.in_tile, stride, extent, limit}, f);
 }
 
-at::Tensor tiled_apply_grid(const at::Tensor& x, const VaeTileGrid& g,
-                            const std::function<at::Tensor(const at::Tensor&)>& f) {
+std::vector<std::vector<at::Tensor>> grid_tiles(const at::Tensor& x, const VaeTileGrid& g) {
   if (g.in_tile < 1 || g.in_stride < 1 || g.blend < 0 || g.crop < 1) {
     throw ConfigError(fmt::format("VAE tiling: tiles of {} at steps of {} (blend {}, crop {}) are not usable",
                                   g.in_tile, g.in_stride, g.blend, g.crop));
   }
+  const int64_t hd = x.dim() - 2, wd = x.dim() - 1;  // rows, columns
   std::vector<std::vector<at::Tensor>> rows;
-  for (int64_t i = 0; i < x.size(2); i += g.in_stride) {
+  for (int64_t i = 0; i < x.size(hd); i += g.in_stride) {
     std::vector<at::Tensor> row;
-    for (int64_t j = 0; j < x.size(3); j += g.in_stride) {
-      const at::Tensor tile =
-          x.slice(2, i, std::min(i + g.in_tile, x.size(2))).slice(3, j, std::min(j + g.in_tile, x.size(3)));
-      row.push_back(f(tile.contiguous()).contiguous());
+    for (int64_t j = 0; j < x.size(wd); j += g.in_stride) {
+      row.push_back(
+          x.slice(hd, i, std::min(i + g.in_tile, x.size(hd))).slice(wd, j, std::min(j + g.in_tile, x.size(wd))));
     }
     rows.push_back(std::move(row));
   }
+  return rows;
+}
+
+at::Tensor blend_grid(std::vector<std::vector<at::Tensor>>& rows, const VaeTileGrid& g) {
   std::vector<at::Tensor> out_rows;
   for (size_t i = 0; i < rows.size(); ++i) {
     std::vector<at::Tensor> out_row;
     for (size_t j = 0; j < rows[i].size(); ++j) {
       at::Tensor& tile = rows[i][j];
-      if (i > 0) blend(rows[i - 1][j], tile, 2, g.blend);
-      if (j > 0) blend(rows[i][j - 1], tile, 3, g.blend);
-      out_row.push_back(tile.slice(2, 0, std::min(g.crop, tile.size(2))).slice(3, 0, std::min(g.crop, tile.size(3))));
+      const int64_t hd = tile.dim() - 2, wd = tile.dim() - 1;
+      if (i > 0) blend(rows[i - 1][j], tile, hd, g.blend);
+      if (j > 0) blend(rows[i][j - 1], tile, wd, g.blend);
+      out_row.push_back(
+          tile.slice(hd, 0, std::min(g.crop, tile.size(hd))).slice(wd, 0, std::min(g.crop, tile.size(wd))));
     }
-    out_rows.push_back(at::cat(out_row, 3));
+    out_rows.push_back(at::cat(out_row, out_row.front().dim() - 1));
   }
-  return at::cat(out_rows, 2);
+  return at::cat(out_rows, out_rows.front().dim() - 2);
+}
+
+at::Tensor tiled_apply_grid(const at::Tensor& x, const VaeTileGrid& g,
+                            const std::function<at::Tensor(const at::Tensor&)>& f) {
+  std::vector<std::vector<at::Tensor>> rows = grid_tiles(x, g);
+  for (auto& row : rows) {
+    for (auto& tile : row) tile = f(tile.contiguous()).contiguous();
+  }
+  return blend_grid(rows, g);
 }
 
 at::Tensor sliced_apply(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& f) {

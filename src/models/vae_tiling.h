@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace at {
 class Tensor;
@@ -45,7 +46,9 @@ at::Tensor tiled_apply(const at::Tensor& x, const VaeTiles& tiles,
 // columns, cropped to its first `crop` rows / columns, the crops
 // concatenated. The caller crops the whole to the output size (with a crop
 // larger than the output stride the tiles' crops overlap, as diffusers'
-// do). ConfigError for a grid with no step or no crop.
+// do). ConfigError for a grid with no step or no crop. The tiles are cut on
+// the last two dims, so [B, C, H, W] images and [B, C, F, H, W] videos (every
+// frame of a tile at once, as AutoencoderKLWan) alike.
 struct VaeTileGrid {
   int64_t in_tile = 0;    // input tile side (> 0)
   int64_t in_stride = 0;  // input step (> 0)
@@ -54,6 +57,12 @@ struct VaeTileGrid {
 };
 at::Tensor tiled_apply_grid(const at::Tensor& x, const VaeTileGrid& grid,
                             const std::function<at::Tensor(const at::Tensor&)>& f);
+// tiled_apply_grid's two halves, for callers that run the tiles elsewhere
+// (vae_split_decode.h): the input tiles row by row (views of x; ConfigError
+// as above), and the output tiles (f of each, contiguous) blended in place,
+// cropped and concatenated.
+std::vector<std::vector<at::Tensor>> grid_tiles(const at::Tensor& x, const VaeTileGrid& grid);
+at::Tensor blend_grid(std::vector<std::vector<at::Tensor>>& out_tiles, const VaeTileGrid& grid);
 
 // f over x one image at a time (diffusers' enable_slicing), concatenated on
 // dim 0; a batch of one is f(x).

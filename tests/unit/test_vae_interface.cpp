@@ -218,16 +218,42 @@ TEST(VaeInterface, ComputeDtypeAndUnknownClasses) {
   EXPECT_THROW(vae_compute_dtype(info, "int8"), ConfigError);
 
   try {
-    read_vae_info({{"_class_name", "AutoencoderKLWan"}}, "vae/config.json");
+    read_vae_info({{"_class_name", "AutoencoderKLHunyuanVideo"}}, "vae/config.json");
     ADD_FAILURE() << "an unknown VAE class was read";
   } catch (const CheckpointError& e) {
     const std::string m = e.what();
-    for (const char* want : {"vae/config.json", "AutoencoderKLWan", "AutoencoderKL,", "AutoencoderKLQwenImage"})
+    for (const char* want : {"vae/config.json", "AutoencoderKLHunyuanVideo", "AutoencoderKL,", "AutoencoderKLQwenImage",
+                             "AutoencoderKLWan"})
       EXPECT_NE(m.find(want), std::string::npos) << m;
   }
   EXPECT_THROW(read_vae_info(nlohmann::json::object(), "vae/config.json"), CheckpointError);
   // The class's own checks: a bad field is refused as from_json refuses it.
   EXPECT_THROW(read_vae_info({{"_class_name", "AutoencoderKLQwenImage"}, {"z_dim", -1}}, "c.json"), CheckpointError);
+}
+
+TEST(VaeInterface, WanVideoVaeInfo) {
+  // diffusers' AutoencoderKLWan defaults (Wan 2.1): 8x in space, 4x in time, frames on their own axis.
+  const VaeInfo info =
+      read_vae_info({{"_class_name", "AutoencoderKLWan"}, {"decoder_base_dim", 64}}, "vae/config.json");
+  EXPECT_EQ(info.cls, "AutoencoderKLWan");
+  EXPECT_EQ(info.latent_channels, 16);
+  EXPECT_EQ(info.spatial_scale, 8);
+  EXPECT_EQ(info.temporal_scale, 4);
+  EXPECT_TRUE(info.frame_axis);
+  EXPECT_EQ(info.default_tile_sample, 256);
+  EXPECT_EQ(info.decoder_channels, (std::vector<int64_t>{256, 256, 128, 64}));  // decoder_base_dim x reversed(dim_mult)
+  // Wan 2.2 TI2V-5B's residual, patchified VAE is refused by name.
+  try {
+    read_vae_info({{"_class_name", "AutoencoderKLWan"}, {"is_residual", true}, {"patch_size", 2}, {"z_dim", 48}},
+                  "vae/config.json");
+    ADD_FAILURE() << "the residual Wan 2.2 VAE was read";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("Wan 2.2 TI2V-5B"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(read_vae_info({{"_class_name", "AutoencoderKLWan"}, {"scale_factor_temporal", 8}}, "c.json"),
+               CheckpointError);
+  const nlohmann::json zero_std = {{"_class_name", "AutoencoderKLWan"}, {"latents_std", std::vector<double>(16, 0.0)}};
+  EXPECT_THROW(read_vae_info(zero_std, "c.json"), CheckpointError);
 }
 
 // A random z in `dtype` (values of a few units, as latents are).
