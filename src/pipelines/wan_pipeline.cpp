@@ -120,7 +120,7 @@ void wan_cross_check(const ComponentConfigs& c) {
 FamilyShapes wan_shapes(const ComponentConfigs& c) {
   const auto t = c.parse<models::WanTransformerConfig>("transformer");
   // A GELU MLP of ffn_dim; the transformer's own text projection takes text_dim; no pooled embedding.
-  return {{t.num_attention_heads, t.attention_head_dim, t.ffn_dim, t.ffn_dim, t.in_channels, t.text_dim}, t.text_dim,
+  return {{t.heads, t.head_dim, t.ffn_dim, t.ffn_dim, t.in_channels, t.text_dim}, t.text_dim,
           0};
 }
 
