@@ -161,17 +161,36 @@ std::unique_ptr<QwenImageVae> QwenImageVae::load(checkpoint::WeightSource& sourc
   return m;
 }
 
+// The tiled decode of z [b, z_dim, h, w] (tiling on and z larger than a latent tile): the grid, the
+// tile's decode and the crop, shared by decode_images and tiled_decode.
+std::optional<QwenImageVae::TiledDecode> QwenImageVae::tiles_of(const at::Tensor& z) const {
+  const int64_t sf = config_.scale_factor();
+  const int64_t tile = tile_sample_size() / sf;
+  if (!tiling() || (z.size(2) <= tile && z.size(3) <= tile)) return std::nullopt;
+  TiledDecode t;
+  t.input = z;
+  t.grid = VaeTileGrid{tile, tile_stride_ / sf, tile_sample_size() - tile_stride_, tile_stride_};
+  t.tile = [this](const at::Tensor& latents) { return decode_frame(latents, nullptr); };
+  const int64_t height = z.size(2) * sf, width = z.size(3) * sf;
+  t.finish = [height, width](const at::Tensor& blended) { return blended.slice(2, 0, height).slice(3, 0, width); };
+  return t;
+}
+
 at::Tensor QwenImageVae::decode_images(const at::Tensor& z, Trace* trace) const {
   // As diffusers' decode: tiled when larger than a latent tile (then
   // unclamped), else decoded whole and clamped.
-  const int64_t sf = config_.scale_factor();
-  const int64_t tile = tile_sample_size() / sf;
-  if (tiling() && (z.size(2) > tile || z.size(3) > tile)) {
-    const VaeTileGrid grid{tile, tile_stride_ / sf, tile_sample_size() - tile_stride_, tile_stride_};
-    const at::Tensor out = tiled_apply_grid(z, grid, [&](const at::Tensor& t) { return decode_frame(t, nullptr); });
-    return out.slice(2, 0, z.size(2) * sf).slice(3, 0, z.size(3) * sf);
-  }
+  if (auto plan = tiles_of(z)) return plan->finish(tiled_apply_grid(z, plan->grid, plan->tile));
   return at::clamp(decode_frame(z, trace), -1.0, 1.0);
+}
+
+std::optional<Vae::TiledDecode> QwenImageVae::tiled_decode(const at::Tensor& z) const {
+  if (!has_decoder()) throw ConfigError(fmt::format("{}::decode: the VAE was loaded without its decoder", kClass));
+  std::optional<TiledDecode> plan = tiles_of(image_batch(z, "z", config_.z_dim));
+  if (plan) {
+    auto crop = std::move(plan->finish);
+    plan->finish = [crop](const at::Tensor& blended) { return crop(blended).unsqueeze(2); };  // decode's layout
+  }
+  return plan;
 }
 
 at::Tensor QwenImageVae::decode_frame(const at::Tensor& z_in, Trace* trace) const {

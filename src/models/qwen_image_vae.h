@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,6 +107,11 @@ class QwenImageVae final : public Vae {
   at::Tensor denormalize(const at::Tensor& z) const override;
   at::Tensor normalize(const at::Tensor& z) const override;
 
+  // Vae::tiled_decode: the latent grid of decode_images (below), each tile
+  // decoded alone, the whole cropped to 8h x 8w, unclamped (as diffusers'
+  // tiled decode), with the frame axis put back.
+  std::optional<TiledDecode> tiled_decode(const at::Tensor& z) const override;
+
   const QwenImageVaeConfig& config() const { return config_; }
   // config().latents_mean / latents_std as [1, z_dim, 1, 1, 1] fp32 tensors.
   at::Tensor latents_mean() const;
@@ -122,6 +128,8 @@ class QwenImageVae final : public Vae {
   // [b, 2 x z_dim, h, w] (h = H halved, rounding up, at each level; tiled:
   // H // sf as diffusers crops it). Tiles as the header comment says.
   at::Tensor decode_images(const at::Tensor& z, Trace* trace) const override;
+  // The tiled decode of a checked [b, z_dim, h, w] (nullopt when not tiled).
+  std::optional<TiledDecode> tiles_of(const at::Tensor& z) const;
   at::Tensor encode_images(const at::Tensor& image, Trace* trace) const override;
   // One image batch without tiling (4-D in and out): the decoded frame
   // (unclamped) and the [mean, logvar] moments.

@@ -119,7 +119,8 @@ class Vae : public Model {
   // finish(blend_grid(tile(contiguous input tile) for each of
   // grid_tiles(input, grid))). std::nullopt when decode(z) does not tile it
   // (tiling off, z within one tile, or a class that does not describe its
-  // tiles: AutoencoderKL, AutoencoderKLFlux2, AutoencoderKLQwenImage).
+  // tiles: AutoencoderKL, AutoencoderKLFlux2; AutoencoderKLQwenImage and
+  // AutoencoderKLWan do).
   // RequestError / ConfigError as decode.
   struct TiledDecode {
     at::Tensor input;  // z checked, on the VAE's device and dtype, in the layout the grid cuts

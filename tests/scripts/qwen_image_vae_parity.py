@@ -21,7 +21,8 @@ Cases (one ctest entry each; `qwen_image_vae_parity.py TPRUN MPIRUN CASE`):
   tiling    --memory vae_tiling=true,vae_tile_sample_size=32 (stride 24) vs diffusers'
             enable_tiling(32, 32, 24, 24): a 9x11 latent (3 x 4 tiles, partial last ones) and a 72x88
             image, within 1e-4 and visibly different from the untiled result (tiles really happened;
-            the tiled decode is unclamped as diffusers'); sliced and tiled together on a batch of 2.
+            the tiled decode is unclamped as diffusers'); the same tiled decode split across tp 2 (its
+            tiles over the ranks) equal to tp 1 bit for bit; sliced and tiled together on a batch of 2.
   tiling_default
             --memory vae_tiling=true with diffusers' default tiles (256 px, stride 192): a 34x36
             latent and a 264x272 image (2 x 2 tiles each).
@@ -238,6 +239,11 @@ def case_tiling(work):
         H.check(want.abs().max() > 1 and dec["sample"].abs().max() > 1,
                 f"tiled decode unclamped as diffusers': max |x| {dec['sample'].abs().max().item():.3f} "
                 f"(diffusers {want.abs().max().item():.3f})")
+        # The decode split over the TP group (vae_split_decode.h): its 12 tiles over 2 ranks, the same bits.
+        dec2, _ = forward(work, folder, "vae_decoder", {"latents": z}, "tiled_tp2_dec", mem, np_=2)
+        if dec2 is not None:
+            H.check(torch.equal(dec["sample"], dec2["sample"]),
+                    "tiled decode split across tp 2 equals tp 1 bit for bit")
     vae.enable_slicing()
     # 42x46: the encoder's own sizes (6x6, halving rounds up) exceed diffusers' crop to H//8 x W//8.
     z2, x2 = latents(2, 6, 5, seed=3), image(2, 42, 46, seed=4)
