@@ -107,6 +107,8 @@ void read_defaults_table(const TomlDoc& doc, const toml::table& table, Manifest&
               {"true_cfg_scale", number("true_cfg_scale", d.true_cfg_scale)},
               {"max_sequence_length", integer("max_sequence_length", d.max_sequence_length)},
               {"frames", integer("frames", d.frames)},
+              {"fps", integer("fps", d.fps)},
+              {"guidance_2", number("guidance_2", d.guidance_2)},
               {"negative_prompt", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
                  const std::string text = r.str(f, v);
                  // Refused here, not by every request after the load (PNG text cannot carry a NUL).

@@ -14,7 +14,7 @@
 //               vae_tiling, vae_tile_sample_size, vae_tile_overlap, attention_chunk
 //               (memory/memory_options.h; read by memory/memory_table.h)
 //   [defaults]  height, width, steps, guidance, true_cfg_scale, negative_prompt,
-//               max_sequence_length, frames (each: the pipeline's default when unset; bounded as every
+//               max_sequence_length, frames, fps, guidance_2 (each: the pipeline's default when unset; bounded as every
 //               request is, pipelines::request_bound, then by the pipeline's own limits and the
 //               options it uses in check_defaults), seed = 0 (the base seed)
 //   [output]    dir = "out", formats = ["png"] (png | hdf5 | latents: jobs/hdf5_store.h), batch_size = 1
