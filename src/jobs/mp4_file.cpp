@@ -213,8 +213,6 @@ struct FileCloser {
 
 }  // namespace
 
-std::string mp4_comment_tag() { return fmt::format("tprun {}", TPRUN_VERSION); }
-
 std::string mp4_incomplete(const std::string& path, Mp4Facts* facts) {
   Mp4Facts local;
   Mp4Facts& f = facts ? *facts : local;

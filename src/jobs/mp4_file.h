@@ -1,7 +1,7 @@
 #pragma once
 // What tprun reads back from an MP4 it wrote, without decoding a frame: the
 // ISO-BMFF box structure (is the file whole?) and the comment tag tprun's
-// writer puts in (did tprun write it?). Torch-free, no FFmpeg: resume, the
+// writer puts in (did tprun write it? video_output.h mp4_comment_tag). Torch-free, no FFmpeg: resume, the
 // placement rule of output_folder.h and merge-results call it on files a
 // user may have put there, so every size read is checked against the file.
 
@@ -9,10 +9,6 @@
 #include <string>
 
 namespace tprun::jobs {
-
-// The comment tag tprun writes into every MP4 (moov/udta/meta/ilst "©cmt"):
-// "tprun <version>".
-std::string mp4_comment_tag();
 
 struct Mp4Facts {
   std::string comment;          // the ©cmt text ("" when there is none)

@@ -15,6 +15,8 @@
 namespace tprun::jobs {
 namespace fs = std::filesystem;
 
+std::string mp4_comment_tag() { return fmt::format("tprun {}", TPRUN_VERSION); }
+
 std::string ffmpeg_program() {
   const char* named = std::getenv("TPRUN_FFMPEG");
   return find_program(named != nullptr && *named != '\0' ? named : "ffmpeg");

@@ -27,6 +27,11 @@ struct VideoFrames {
 inline std::string mp4_output_rel(const std::string& id) { return "videos/" + id + ".mp4"; }
 inline std::string frames_output_rel(const std::string& id) { return "videos/" + id; }
 
+// The comment tag tprun writes into every MP4 (moov/udta/meta/ilst "©cmt"):
+// "tprun <version>". output_folder.h counts an MP4 whose tag starts with
+// "tprun " as tprun's.
+std::string mp4_comment_tag();
+
 // The largest side of an MP4 tprun writes: H.264's level 6.2 allows 8192 x
 // 4320; libx264 refuses beyond 16384, and players beyond 8192.
 constexpr int64_t kMaxMp4Side = 8192;

@@ -237,6 +237,42 @@ TEST_F(VideoOutput, FramePngsWholeAndChecked) {
   EXPECT_EQ(slurp((frames / frame_png_name(0)).string()), "not mine to replace");
 }
 
+// merge-results carries a done request's MP4 and PNG frames (besides its record's file), each checked:
+// a chunk whose MP4 was cut short is refused and nothing is merged.
+TEST_F(VideoOutput, MergeCarriesVideos) {
+  need_ffmpeg();
+  const int64_t F = 3, H = 16, W = 16;
+  const auto rgb = synthetic_video(F, H, W);
+  const fs::path chunk = dir_ / "chunk";
+  fs::create_directories(chunk);
+  const fs::path frames = make_output_folders(chunk, "videos/v/x");
+  write_mp4_output((chunk / mp4_output_rel("v")).string(), {rgb.data(), F, H, W}, 16);
+  write_frame_pngs(frames, {rgb.data(), F, H, W}, {{"Software", "tprun 1"}});
+  std::ofstream(chunk / "results.jsonl")
+      << R"({"id": "v", "status": "done", "path": "videos/v.mp4", "seed": 1, "frames": 3, "fps": 16})" << "\n";
+  const MergeSummary s = merge_results({chunk.string()}, (dir_ / "merged").string());
+  EXPECT_EQ(s.done, 1);
+  EXPECT_EQ(s.files, 1 + F);
+  EXPECT_EQ(mp4_incomplete((dir_ / "merged" / mp4_output_rel("v")).string()), "");
+  EXPECT_EQ(frame_pngs_problem(dir_ / "merged" / frames_output_rel("v"), F), "");
+  const ResultRecord merged = parse_result_record(slurp((dir_ / "merged" / "results.jsonl").string()));
+  EXPECT_EQ(merged.path, "videos/v.mp4");
+  EXPECT_EQ(merged.fps, 16);
+  // Cut short in the chunk: refused, naming the file; --out stays as it was.
+  const std::string mp4 = (chunk / mp4_output_rel("v")).string();
+  const std::string whole = slurp(mp4);
+  std::ofstream(mp4, std::ios::binary | std::ios::trunc) << whole.substr(0, whole.size() - 9);
+  std::string e;
+  try {
+    merge_results({chunk.string()}, (dir_ / "merged2").string());
+  } catch (const ConfigError& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("v.mp4"), std::string::npos) << e;
+  EXPECT_NE(e.find("is not a complete MP4"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(dir_ / "merged2"));
+}
+
 TEST_F(VideoOutput, ChildProcessBounded) {
   const ChildRun slow = run_child({"sleep", "20"}, nullptr, 0, 0.5);
   EXPECT_TRUE(slow.timed_out);
