@@ -116,7 +116,6 @@ std::string JobRun::output_frames_problem(const JobRequest& r) const {
   return "";
 }
 
-
 void JobRun::write_record(const ResultRecord& r) {
   log_->append(r);
   ++recorded_;
