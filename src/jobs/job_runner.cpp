@@ -162,7 +162,7 @@ bool videos_whole(const Manifest& m, const fs::path& out, const ResultRecord& re
   if (m.mp4) {
     why = output_file_problem(out.string(), mp4_output_rel(rec.id));
     if (!why.empty()) {
-      why = fmt::format("{} is incomplete ({})", (out / mp4_output_rel(rec.id)).string(), why);
+      why = fmt::format("{} {}", (out / mp4_output_rel(rec.id)).string(), why);
       return false;
     }
   }

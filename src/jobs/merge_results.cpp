@@ -357,7 +357,7 @@ std::string output_file_problem(const std::string& dir, const std::string& rel, 
   }
   if (r.extension() == ".mp4") {
     const std::string why = mp4_incomplete(r.string());
-    if (!why.empty()) return "is not a complete MP4: it " + why;
+    if (!why.empty()) return "is not a complete MP4 (" + why + ")";
   }
   if (real != nullptr) *real = r.string();
   return "";

@@ -277,7 +277,7 @@ std::string mp4_not_ours(const fs::path& p) {
   if (facts.comment.rfind("tprun ", 0) == 0) return "";
   std::error_code ec;
   if (fs::is_regular_file(p, ec) && fs::file_size(p, ec) == 0 && !ec) return "";
-  if (!bad.empty()) return fmt::format("not a complete MP4: it {}", bad);
+  if (!bad.empty()) return fmt::format("not a complete MP4: {}", bad);
   return "an MP4 without tprun's comment tag";
 }
 
@@ -400,7 +400,8 @@ std::string foreign_output(const std::string& path, OutputKind kind) {
                           : kind == OutputKind::Mp4     ? mp4_not_ours(path)
                           : kind == OutputKind::Tensors ? tensors_not_ours(path)
                                                         : status_not_ours(path);
-  return why.empty() ? "" : fmt::format("exists and is not a {} tprun wrote ({})", kind_name(kind), why);
+  return why.empty() ? "" : fmt::format("exists and is not {} {} tprun wrote ({})", kind == OutputKind::Mp4 ? "an" : "a",
+                                         kind_name(kind), why);
 }
 
 std::vector<ReadPath> job_inputs(const Manifest& m) {

@@ -179,7 +179,7 @@ TEST_F(VideoOutput, UsersMp4NeverReplaced) {
   for (const std::string& p : {theirs, notes}) {
     const std::string before = slurp(p);
     const std::string why = foreign_output(p, OutputKind::Mp4);
-    EXPECT_NE(why.find("exists and is not a MP4 tprun wrote"), std::string::npos) << why;
+    EXPECT_NE(why.find("exists and is not an MP4 tprun wrote"), std::string::npos) << why;
     std::string e;
     try {
       write_mp4_output(p, {rgb.data(), 3, 16, 16}, 16);
