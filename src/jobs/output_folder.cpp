@@ -373,7 +373,7 @@ void check_output_path(const std::string& path, const std::string& option, const
   }
   const std::string why = foreign_output(path, kind);
   if (why.empty()) return;
-  if (why.rfind("exists and is not a ", 0) == 0 && kind != OutputKind::Folder) {
+  if (why.rfind("exists and is not a", 0) == 0 && kind != OutputKind::Folder) {
     refuse(option, path, why + "; tprun replaces only its own outputs: remove it or pick another path");
   }
   if (why.find("leads nowhere") != std::string::npos) {
