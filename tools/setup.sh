@@ -3,7 +3,8 @@
 # nothing is missing. Called by tools/test.sh and tools/demo.sh.
 #   tools/setup.sh        (no arguments; TPRUN_VENV: where the venv goes)
 #   * Debian packages: compilers (and patchelf, xz for tools/gpu-bundle.sh), Open MPI, parallel HDF5, spdlog, Boost,
-#     GoogleTest, nlohmann-json, toml++, sentencepiece, libpng, ccache, clang.
+#     GoogleTest, nlohmann-json, toml++, sentencepiece, libpng, ccache, clang, and the ffmpeg program
+#     (MP4 videos are encoded by running it; tprun links none of its libraries: docs/video.md).
 #   * A Python virtual environment outside the checkout ($TPRUN_VENV, default
 #     ~/.cache/tprun/venv) with the pinned torch wheel (libtorch for CMake) and
 #     diffusers/transformers/safetensors. Rebuilt only when
@@ -19,6 +20,7 @@ packages=(
   libspdlog-dev libfmt-dev libboost-program-options-dev libgtest-dev
   nlohmann-json3-dev libtomlplusplus-dev libsentencepiece-dev libicu-dev libpng-dev
   libre2-dev libxxhash-dev
+  ffmpeg
 )
 missing=()
 for p in "${packages[@]}"; do

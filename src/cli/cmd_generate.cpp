@@ -3,7 +3,9 @@
 // the transformer sharded over the TP group (world = tp), rank 0 writing the
 // PNG (generation parameters in text chunks) and, for parity checks, the final
 // packed latents and the decoded image as safetensors.
+#include <cctype>
 #include <chrono>
+#include <filesystem>
 
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
@@ -17,6 +19,7 @@
 #include "dist/device_mesh.h"
 #include "dist/mesh.h"
 #include "jobs/output_folder.h"
+#include "jobs/video_output.h"
 #include "pipelines/pipeline.h"
 #include "pipelines/png_image.h"
 #include "pipelines/request_checks.h"
@@ -28,6 +31,7 @@ namespace tprun::cli {
 namespace {
 
 using pipelines::GenerationRequest;
+namespace fs = std::filesystem;
 
 void add_generation_options(po::options_description& desc) {
   po::options_description g("Generation (the pipeline's arguments; unset ones take the pipeline's defaults, "
@@ -47,7 +51,11 @@ void add_generation_options(po::options_description& desc) {
       ("max-sequence-length", po::value<int64_t>(),
        "text tokens of the (T5 / LLM) text encoder (at most 512; QwenImagePipeline 1024)")
       ("frames", po::value<int64_t>(),
-       "frames of the result (image pipelines make 1 and refuse any other; a PNG --out holds one)");
+       "frames of the result (image pipelines make 1 and refuse any other; a PNG --out holds one, an .mp4 any)")
+      ("fps", po::value<int64_t>(),
+       "frames per second of a video (1-240; default: the pipeline's, Wan: 16); image pipelines refuse it")
+      ("guidance-2", po::value<double>(),
+       "guidance scale of the second expert (Wan 2.2 A14B's transformer_2); other pipelines refuse it");
   desc.add(g);
 }
 
@@ -63,6 +71,8 @@ GenerationRequest request_from(const po::variables_map& vm) {
   r.seed = vm["seed"].as<uint64_t>();
   if (vm.count("max-sequence-length")) r.max_sequence_length = vm["max-sequence-length"].as<int64_t>();
   if (vm.count("frames")) r.frames = vm["frames"].as<int64_t>();
+  if (vm.count("fps")) r.fps = vm["fps"].as<int64_t>();
+  if (vm.count("guidance-2")) r.guidance_2 = vm["guidance-2"].as<double>();
   return r;
 }
 
@@ -101,7 +111,9 @@ void add_model_options(po::options_description& desc) {
 void add_output_options(po::options_description& desc) {
   po::options_description io("Output");
   io.add_options()
-      ("out", po::value<std::string>(), "PNG that rank 0 writes (atomically; an existing file only if tprun wrote it; never in the model folder)")
+      ("out", po::value<std::string>(),
+       "PNG (or, named *.mp4, an H.264 MP4 video through the ffmpeg program) that rank 0 writes (atomically; an "
+       "existing file only if tprun wrote it; never in the model folder)")
       ("inputs", po::value<std::string>(),
        "safetensors with prompt_embeds + pooled_prompt_embeds (then no text encoders are loaded), "
        "negative_prompt_embeds + negative_pooled_prompt_embeds, latents (packed initial noise)")
@@ -116,12 +128,6 @@ void add_output_options(po::options_description& desc) {
   std::string flag = key;
   for (char& c : flag) c = c == '_' ? '-' : c;
   throw ConfigError(fmt::format("--{}: {}", flag, what), true);
-}
-
-// The pipeline's own limits and the options it uses, read from the folder's
-// configs before any weight (the bounds every request shares: checked_request).
-void check_pipeline_flags(const GenerationRequest& req, const std::string& model) {
-  pipelines::check_request_options(req, pipelines::request_options(model), fail_flag);
 }
 
 // The request from the flags and --inputs; ConfigError for a missing --model, output or prompt.
@@ -140,12 +146,40 @@ GenerationRequest checked_request(const po::variables_map& vm) {
   return req;
 }
 
-// --out is a PNG: a request for a frame sequence (its own --frames or the
-// pipeline's default) is refused before any step, naming --out.
-void check_out_frames(const po::variables_map& vm, const GenerationRequest& req) {
+// --out names an MP4 (*.mp4, any case) rather than a PNG.
+bool out_is_mp4(const po::variables_map& vm) {
+  if (!vm.count("out")) return false;
+  std::string ext = fs::path(vm["out"].as<std::string>()).extension().string();
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext == ".mp4";
+}
+
+// --out can hold the result, checked before any step (with the flags, then
+// with the pipeline's defaults), naming --out: a PNG holds one frame; an MP4
+// is a video (an image pipeline's is refused), of even sizes, written by an
+// ffmpeg program that is there.
+void check_out_frames(const po::variables_map& vm, const GenerationRequest& req,
+                      const pipelines::RequestOptions& options) {
   if (!vm.count("out")) return;
-  if (const std::string why = jobs::png_frames_problem(req.frame_count()); !why.empty()) {
-    throw ConfigError(fmt::format("--out {}: {}; write --out-tensors alone", vm["out"].as<std::string>(), why), true);
+  const std::string out = vm["out"].as<std::string>();
+  if (!out_is_mp4(vm)) {
+    if (const std::string why = jobs::png_frames_problem(req.frame_count()); !why.empty()) {
+      throw ConfigError(fmt::format("--out {}: {}; name an .mp4 --out, or write --out-tensors alone", out, why), true);
+    }
+    return;
+  }
+  if (!options.makes_videos()) {
+    throw ConfigError(fmt::format("--out {}: an MP4 is a video, and {} makes images: name a .png --out", out,
+                                  options.cls),
+                      true);
+  }
+  if (req.height && req.width) {
+    if (const std::string why = jobs::mp4_size_problem(*req.height, *req.width); !why.empty()) {
+      throw ConfigError(fmt::format("--out {}: {}", out, why), true);
+    }
+  }
+  if (const std::string why = jobs::mp4_writer_problem(); !why.empty()) {
+    throw ConfigError(fmt::format("--out {}: {}", out, why), true);
   }
 }
 
@@ -170,7 +204,8 @@ void check_outputs(const po::variables_map& vm, const Session& session) {
     std::vector<jobs::ReadPath> reads = {{"the model folder", vm["model"].as<std::string>()}};
     if (vm.count("inputs")) reads.push_back({"the --inputs file", vm["inputs"].as<std::string>()});
     if (vm.count("out")) {
-      jobs::check_output_path(vm["out"].as<std::string>(), "--out", reads, jobs::OutputKind::Png);
+      jobs::check_output_path(vm["out"].as<std::string>(), "--out", reads,
+                              out_is_mp4(vm) ? jobs::OutputKind::Mp4 : jobs::OutputKind::Png);
       reads.push_back({"the --out file", vm["out"].as<std::string>()});
     }
     if (vm.count("out-tensors")) {
@@ -214,9 +249,15 @@ void report_and_write(const po::variables_map& vm, const pipelines::GenerationRe
   if (vm.count("out")) {
     const std::string out = vm["out"].as<std::string>();
     // A new file or one tprun wrote, checked again as it is placed (a file put there since is never replaced).
-    jobs::write_png_output(out, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height), res.frames,
-                           png_text(req, model, dtype, tp.size));
-    spdlog::info("wrote {} ({}x{})", out, res.width, res.height);
+    if (out_is_mp4(vm)) {
+      jobs::write_mp4_output(out, {res.rgb.data(), res.frames, res.height, res.width}, req.fps.value_or(0));
+      spdlog::info("wrote {} ({}x{}, {} frames at {} fps)", out, res.width, res.height, res.frames,
+                   req.fps.value_or(0));
+    } else {
+      jobs::write_png_output(out, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height),
+                             res.frames, png_text(req, model, dtype, tp.size));
+      spdlog::info("wrote {} ({}x{})", out, res.width, res.height);
+    }
   }
   if (vm.count("out-tensors")) {
     const std::string out = vm["out-tensors"].as<std::string>();
@@ -251,7 +292,7 @@ void report_and_write(const po::variables_map& vm, const pipelines::GenerationRe
 Command generate_command() {
   Command c;
   c.name = "generate";
-  c.summary = "one image from a pipeline folder under TP: --model DIR --prompt TEXT --out x.png";
+  c.summary = "one image (or video) from a pipeline folder under TP: --model DIR --prompt TEXT --out x.png | x.mp4";
   c.add_options = [](po::options_description& desc, po::positional_options_description&) {
     add_model_options(desc);
     add_memory_option(desc);
@@ -264,8 +305,9 @@ Command generate_command() {
     GenerationRequest req = checked_request(vm);
     auto mesh = make_generate_mesh(vm, session);
     check_outputs(vm, session);
-    check_pipeline_flags(req, vm["model"].as<std::string>());
-    check_out_frames(vm, req);
+    const pipelines::RequestOptions options = pipelines::request_options(vm["model"].as<std::string>());
+    pipelines::check_request_options(req, options, fail_flag);
+    check_out_frames(vm, req, options);
     parallel::TpContext tp{mesh->tp_rank(), mesh->tp_size(), mesh->tp_size() > 1 ? &mesh->tp_device() : nullptr};
     const pipelines::PipelineOptions opts = pipeline_options(vm, session, req);
     const std::string model = vm["model"].as<std::string>();
@@ -275,7 +317,7 @@ Command generate_command() {
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     req = pipe->with_defaults(req);
     pipe->check_request(req);
-    check_out_frames(vm, req);
+    check_out_frames(vm, req, options);
     spdlog::info("loaded {} ({}) in {:.2f} s ({} bytes on this rank), tp {}, dtype {}", model, pipe->class_name(),
                  load_s, pipe->bytes_loaded(), tp.size, opts.dtype);
     const bool lead = session.rank() == 0;

@@ -167,8 +167,10 @@ Hdf5Store::Hdf5Store(const std::string& out_dir, bool images, bool latents, cons
           number_attribute<double>(d.get(), "true_cfg_scale", *g.true_cfg_scale, H5T_NATIVE_DOUBLE, where);
         }
         // Only a frame sequence has it: an image's attributes are what they always were.
+        if (g.guidance_2) number_attribute<double>(d.get(), "guidance_2", *g.guidance_2, H5T_NATIVE_DOUBLE, where);
         if (g.frame_count() > 1) {
           number_attribute<int64_t>(d.get(), "frames", g.frame_count(), H5T_NATIVE_INT64, where);
+          if (g.fps) number_attribute<int64_t>(d.get(), "fps", *g.fps, H5T_NATIVE_INT64, where);
         }
       };
       if (images) make("images/" + r.id, H5T_NATIVE_UINT8, image_dims(r.gen));

@@ -11,7 +11,8 @@
 //                  uint8   [F, height, width, 3]    (a frame sequence, F = the request's frames > 1)
 //   /latents/<id>  float32 [tokens, channels]       (format "latents": final packed latents)
 //   attributes: prompt, negative_prompt, seed, height, width, steps, guidance, true_cfg_scale,
-//               and frames (only where F > 1: an image's dataset is laid out as it always was)
+//               guidance_2 (where set), and frames and fps (only where F > 1: an image's dataset is
+//               laid out as it always was)
 // The replica's TP rank 0 writes its requests' datasets independently. At the
 // end all ranks drop the datasets that were not written (failed or not run),
 // close the file and rank 0 renames it into place: a store file that exists

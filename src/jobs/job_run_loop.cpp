@@ -12,6 +12,7 @@
 #include "dist/session.h"
 #include "jobs/job_run.h"
 #include "jobs/staged_phases.h"
+#include "jobs/video_output.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
 #include "runtime/out_of_memory.h"
@@ -98,11 +99,21 @@ std::vector<std::pair<std::string, std::string>> JobRun::png_text(const JobReque
 }
 
 std::string JobRun::output_frames_problem(const JobRequest& r) const {
+  const Manifest& m = plan_.manifest;
   const int64_t frames = r.gen.frame_count();
-  if (!plan_.manifest.png || frames == 1) return "";
-  return fmt::format("frames: {} frames cannot go into [output] formats' png: {}; formats = [\"hdf5\"] stores "
-                     "frame sequences",
-                     frames, png_frames_problem(frames));
+  if (m.png && frames != 1) {
+    return fmt::format("frames: {} frames cannot go into [output] formats' png: {}; formats = [\"mp4\"], "
+                       "[\"frames\"] or [\"hdf5\"] hold frame sequences",
+                       frames, png_frames_problem(frames));
+  }
+  if (m.mp4) {
+    const int64_t height = r.gen.height.value_or(0), width = r.gen.width.value_or(0);
+    if (const std::string why = mp4_size_problem(height, width); !why.empty()) {
+      return fmt::format("{}: {} x {} cannot go into [output] formats' mp4: {}", height % 2 != 0 ? "height" : "width",
+                         height, width, why);
+    }
+  }
+  return "";
 }
 
 void JobRun::write_record(const ResultRecord& r) {
@@ -143,13 +154,32 @@ void JobRun::write_outputs(const JobRequest& req, const pipelines::GenerationRes
     write_png_output(path, res.rgb.data(), static_cast<int>(res.width), static_cast<int>(res.height), res.frames,
                      png_text(req));
   }
+  if (m.mp4 || m.frame_pngs) {
+    // A video (or a one-frame result of a video pipeline) as an MP4 and / or PNG frames: videos/ made or
+    // still a real folder, and each file goes in as a new file or over one tprun wrote (output_folder.h).
+    make_output_folder(out_dir_, "videos");
+    const VideoFrames v{res.rgb.data(), res.frames, res.height, res.width};
+    if (m.mp4) {
+      if (!req.gen.fps) {
+        throw Error(Error::Kind::Internal, fmt::format("request {}: the pipeline left fps unset for a video "
+                                                       "(RequestOptions::request_defaults fills it)",
+                                                       req.id));
+      }
+      write_mp4_output((out_dir_ / mp4_output_rel(req.id)).string(), v, *req.gen.fps);
+      if (!m.png) rec.path = mp4_output_rel(req.id);
+    }
+    if (m.frame_pngs) {
+      write_frame_pngs(make_output_folder(out_dir_ / "videos", req.id), v, png_text(req));
+      if (!m.png && !m.mp4) rec.path = frames_output_rel(req.id) + "/" + frame_png_name(0);
+    }
+  }
   if (store_) {
     try {
       store_->write(req.id, res.rgb, *res.latents);
     } catch (const CheckpointError& e) {
       throw IoError(fmt::format("cannot write {} into the HDF5 store {}: {}", req.id, store_->path(), e.what()));
     }
-    if (!m.png) {
+    if (!m.png && !m.mp4 && !m.frame_pngs) {
       rec.path = fs::relative(store_->path(), out_dir_).string() + ":" + (m.hdf5 ? "/images/" : "/latents/") + req.id;
     }
   }
@@ -187,6 +217,7 @@ JobRun::UnitWork JobRun::begin_unit(const Unit& unit) {
     rec.width = req.gen.width.value_or(0);
     rec.steps = req.gen.steps.value_or(0);
     rec.frames = req.gen.frame_count();
+    if (rec.frames != 1) rec.fps = req.gen.fps.value_or(0);
     rec.replica = mesh_->dp_rank();
     rec.encode_s = staged_ ? round_encode_s_ : 0;
     if (auto failed = encode_failed_.find(req.id); failed != encode_failed_.end()) {

@@ -38,6 +38,7 @@
 #include "jobs/results_log.h"
 #include "jobs/run_status.h"
 #include "jobs/staged_phases.h"
+#include "jobs/video_output.h"
 #include "pipelines/pipeline.h"
 #include "runtime/error.h"
 #include "runtime/host_memory.h"
@@ -88,7 +89,9 @@ void check_output_names(const fs::path& out, bool shard) {
     check_output_entry(out.parent_path(), out.filename().string(), EntryKind::Folder);
   }
   if (!fs::is_directory(out, ec)) return;
-  for (const char* folder : {"images", "store", "embeddings"}) check_output_entry(out, folder, EntryKind::Folder);
+  for (const char* folder : {"images", "videos", "store", "embeddings"}) {
+    check_output_entry(out, folder, EntryKind::Folder);
+  }
   check_output_entry(out, "results.jsonl", EntryKind::File);
 }
 
@@ -99,21 +102,47 @@ void check_output_names(const fs::path& out, bool shard) {
 void check_request_images(const JobPlan& plan, const ResultsLog& log, bool retry_failed, const fs::path& out) {
   const Manifest& m = plan.manifest;
   std::error_code ec;
-  if (!m.png || !fs::is_directory(out / "images", ec)) return;
-  for (const JobRequest& r : plan.requests) {
-    const std::string rel = "images/" + r.id + ".png";
+  auto check = [&](const JobRequest& r, const std::string& rel, OutputKind kind, bool kept) {
     const fs::path path = out / rel;
-    if (!fs::exists(fs::symlink_status(path, ec))) continue;
+    if (!fs::exists(fs::symlink_status(path, ec))) return;
     if (auto it = log.records().find(r.id); it != log.records().end()) {
-      if (it->second.status == "failed" && !retry_failed) continue;
-      if (it->second.status == "done" && output_file_problem(out.string(), rel).empty()) continue;
+      if (it->second.status == "failed" && !retry_failed) return;
+      if (it->second.status == "done" && kept) return;
     }
-    const std::string why = foreign_output(path.string(), OutputKind::Png);
+    const std::string why = foreign_output(path.string(), kind);
     if (!why.empty()) {
       throw ConfigError(fmt::format("{}: request '{}' would write {}, which {}; tprun never replaces a file it did not "
                                     "write: move it away, or choose another output folder (--out DIR)",
                                     m.path, clip_text(r.id), clip_text(path.string(), 400), why),
                         true);
+    }
+  };
+  const bool images = m.png && fs::is_directory(out / "images", ec);
+  const bool videos = (m.mp4 || m.frame_pngs) && fs::is_directory(out / "videos", ec);
+  if (!images && !videos) return;
+  for (const JobRequest& r : plan.requests) {
+    if (images) {
+      const std::string rel = "images/" + r.id + ".png";
+      check(r, rel, OutputKind::Png, output_file_problem(out.string(), rel).empty());
+    }
+    if (videos && m.mp4) {
+      const std::string rel = mp4_output_rel(r.id);
+      check(r, rel, OutputKind::Mp4, output_file_problem(out.string(), rel).empty());
+    }
+    if (videos && m.frame_pngs) {
+      // Every frame_*.png already in the request's frames folder (its frame count is the pipeline's).
+      const fs::path dir = out / frames_output_rel(r.id);
+      if (!fs::is_directory(fs::symlink_status(dir, ec))) continue;
+      auto it = log.records().find(r.id);
+      const int64_t frames = it != log.records().end() ? it->second.frames : 1;
+      const bool kept = frame_pngs_problem(dir, frames).empty();
+      std::error_code lec;
+      for (fs::directory_iterator e(dir, lec), end; !lec && e != end; e.increment(lec)) {
+        const std::string name = e->path().filename().string();
+        if (name.rfind("frame_", 0) == 0 && e->path().extension() == ".png") {
+          check(r, frames_output_rel(r.id) + "/" + name, OutputKind::Png, kept);
+        }
+      }
     }
   }
 }
@@ -127,6 +156,23 @@ void create_output_folder(const fs::path& out, bool shard, const std::string& ma
   if (ec) throw_io_error(manifest + ": output.dir: cannot create", base.string(), ec.value());
   if (shard) make_output_folder(base, out.filename().string());
   make_output_folder(out, "images");
+}
+
+// Whether the done request `r`'s video outputs are whole (mp4: every box in
+// place, frames: every frame a whole PNG); `why` says what is not.
+bool videos_whole(const Manifest& m, const fs::path& out, const ResultRecord& rec, std::string& why) {
+  if (m.mp4) {
+    why = output_file_problem(out.string(), mp4_output_rel(rec.id));
+    if (!why.empty()) {
+      why = fmt::format("{} {}", (out / mp4_output_rel(rec.id)).string(), why);
+      return false;
+    }
+  }
+  if (m.frame_pngs) {
+    why = frame_pngs_problem(out / frames_output_rel(rec.id), rec.frames);
+    if (!why.empty()) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -208,7 +254,12 @@ void JobRun::resume() {
                    "at a time",
                    lock_->path(), lock_->unsupported());
     }
-    for (const fs::path& d : {out_dir_, images_, out_dir_ / "store"}) {
+    std::vector<fs::path> scratch = {out_dir_, images_, out_dir_ / "store", out_dir_ / "videos"};
+    for (const auto& r : plan_.requests) {  // a frames folder a run was writing into
+      if (m.frame_pngs) scratch.push_back(out_dir_ / frames_output_rel(r.id));
+    }
+    for (const fs::path& d : scratch) {
+      if (fs::is_symlink(fs::symlink_status(d, ec))) continue;  // never listed through a link (written: refused)
       if (!fs::is_directory(d, ec)) continue;
       for (fs::directory_iterator it(d, ec), end; !ec && it != end; it.increment(ec)) {
         std::error_code fec;
@@ -244,6 +295,13 @@ void JobRun::resume() {
           if (!why.empty()) {
             spdlog::warn("request {}: recorded done, but {} is incomplete ({}); it runs again", r.id,
                          (images_ / (r.id + ".png")).string(), why);
+            image_ok = false;
+          }
+        }
+        if (rec.status == "done" && image_ok && (m.mp4 || m.frame_pngs)) {
+          std::string why;
+          if (!videos_whole(m, out_dir_, rec, why)) {
+            spdlog::warn("request {}: recorded done, but {}; it runs again", r.id, why);
             image_ok = false;
           }
         }

@@ -107,6 +107,8 @@ void read_defaults_table(const TomlDoc& doc, const toml::table& table, Manifest&
               {"true_cfg_scale", number("true_cfg_scale", d.true_cfg_scale)},
               {"max_sequence_length", integer("max_sequence_length", d.max_sequence_length)},
               {"frames", integer("frames", d.frames)},
+              {"fps", integer("fps", d.fps)},
+              {"guidance_2", number("guidance_2", d.guidance_2)},
               {"negative_prompt", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
                  const std::string text = r.str(f, v);
                  // Refused here, not by every request after the load (PNG text cannot carry a NUL).
@@ -132,15 +134,17 @@ void read_output_table(const TomlDoc& doc, const toml::table& table, Manifest& m
                  if (!v.is_array()) {
                    doc.fail(r.key(f), v, fmt::format("must be an array, found {}", toml_type_name(v)));
                  }
-                 m.png = m.hdf5 = m.latents = false;
+                 m.png = m.hdf5 = m.latents = m.mp4 = m.frame_pngs = false;
                  for (const auto& e : *v.as_array()) {
                    const std::string s = r.str(f, e);
                    if (s == "png") m.png = true;
                    else if (s == "hdf5") m.hdf5 = true;
                    else if (s == "latents") m.latents = true;
-                   else doc.fail(r.key(f), e, fmt::format("'{}' is not one of png, hdf5, latents", s));
+                   else if (s == "mp4") m.mp4 = true;
+                   else if (s == "frames") m.frame_pngs = true;
+                   else doc.fail(r.key(f), e, fmt::format("'{}' is not one of png, mp4, frames, hdf5, latents", clip_text(s)));
                  }
-                 if (!m.png && !m.hdf5 && !m.latents) doc.fail(r.key(f), v, "names no format");
+                 if (!m.png && !m.hdf5 && !m.latents && !m.mp4 && !m.frame_pngs) doc.fail(r.key(f), v, "names no format");
                }},
               {"batch_size", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
                  m.batch_size = r.integer(f, v, 1, pipelines::kMaxBatchSize);

@@ -14,10 +14,11 @@
 //               vae_tiling, vae_tile_sample_size, vae_tile_overlap, attention_chunk
 //               (memory/memory_options.h; read by memory/memory_table.h)
 //   [defaults]  height, width, steps, guidance, true_cfg_scale, negative_prompt,
-//               max_sequence_length, frames (each: the pipeline's default when unset; bounded as every
+//               max_sequence_length, frames, fps, guidance_2 (each: the pipeline's default when unset; bounded as every
 //               request is, pipelines::request_bound, then by the pipeline's own limits and the
 //               options it uses in check_defaults), seed = 0 (the base seed)
-//   [output]    dir = "out", formats = ["png"] (png | hdf5 | latents: jobs/hdf5_store.h), batch_size = 1
+//   [output]    dir = "out", formats = ["png"] (png | mp4 | frames: jobs/video_output.h | hdf5 | latents:
+//               jobs/hdf5_store.h), batch_size = 1
 //               (same-shape requests denoised together, see job_runner.h)
 //   [schedule]  phases = "auto" (together | staged | auto: staged where together does not fit),
 //               stage_requests = 0 (staged: pending requests encoded per round; 0 = all of them),
@@ -63,6 +64,9 @@ struct Manifest {
   std::map<std::string, std::string> defaults_where;
   std::string output_dir = "out";  // resolved against the manifest
   bool png = true, hdf5 = false, latents = false;
+  // Videos (frame sequences; image pipelines refuse them: check_formats):
+  // "mp4" videos/<id>.mp4, "frames" videos/<id>/frame_00000.png ...
+  bool mp4 = false, frame_pngs = false;
   int64_t batch_size = 1;
   // [schedule]: "together" (every component resident), "staged" (encode the
   // pending prompts, free the encoders, then denoise), "auto" (staged where
@@ -107,5 +111,9 @@ void check_defaults(const Manifest& m, const pipelines::RequestOptions& options)
 // The same with the options of the pipeline m.model names (read from its
 // configs, after check_paths).
 void check_defaults(const Manifest& m);
+// ConfigError "<manifest>: output.formats: ..." for a video format (mp4,
+// frames) to a pipeline that makes images, and for mp4 where no ffmpeg
+// program can write it (video_output.h mp4_writer_problem). Before any load.
+void check_formats(const Manifest& m, const pipelines::RequestOptions& options);
 
 }  // namespace tprun::jobs

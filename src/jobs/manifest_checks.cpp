@@ -9,6 +9,7 @@
 #include "checkpoint/pipeline_folder.h"
 #include "jobs/manifest.h"
 #include "jobs/output_folder.h"
+#include "jobs/video_output.h"
 #include "pipelines/request_checks.h"
 #include "runtime/error.h"
 
@@ -24,7 +25,25 @@ void check_defaults(const Manifest& m, const pipelines::RequestOptions& options)
   });
 }
 
-void check_defaults(const Manifest& m) { check_defaults(m, pipelines::request_options(m.model)); }
+void check_defaults(const Manifest& m) {
+  const pipelines::RequestOptions options = pipelines::request_options(m.model);
+  check_defaults(m, options);
+  check_formats(m, options);
+}
+
+void check_formats(const Manifest& m, const pipelines::RequestOptions& options) {
+  if ((m.mp4 || m.frame_pngs) && !options.makes_videos()) {
+    throw ConfigError(fmt::format("{}: output.formats: {} is for videos, and {} makes images (model {}): use png, "
+                                  "hdf5 or latents",
+                                  m.path, m.mp4 ? "mp4" : "frames", options.cls, m.model),
+                      true);
+  }
+  if (m.mp4) {
+    if (const std::string why = mp4_writer_problem(); !why.empty()) {
+      throw ConfigError(fmt::format("{}: output.formats: mp4: {}", m.path, why), true);
+    }
+  }
+}
 
 void check_paths(const Manifest& m) {
   if (!checkpoint::is_pipeline_folder(m.model)) {  // a stat error other than "missing" is said as it is

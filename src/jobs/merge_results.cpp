@@ -18,6 +18,8 @@
 
 #include "jobs/output_folder.h"
 #include "jobs/results_log.h"
+#include "jobs/mp4_file.h"
+#include "jobs/video_output.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
 
@@ -181,7 +183,7 @@ void check_out(const std::string& out_dir, const fs::path& out, const std::vecto
                                   out_dir),
                       true);
   }
-  for (const char* sub : {"images", "store"}) {
+  for (const char* sub : {"images", "videos", "store"}) {
     if (fs::is_symlink(fs::symlink_status(out / sub, ec))) {
       throw ConfigError(fmt::format("merge-results: --out {}: {} is a symbolic link; the merged files must land "
                                     "inside --out: remove it",
@@ -221,6 +223,8 @@ void check_place(const fs::path& out, const std::string& src, const std::string&
   std::string why;
   if (to.extension() == ".png") {
     why = foreign_output(to.string(), OutputKind::Png);
+  } else if (to.extension() == ".mp4") {
+    why = foreign_output(to.string(), OutputKind::Mp4);
   } else if (!same_bytes(src, to)) {
     why = "exists and is not the file merged from the chunk";
   }
@@ -255,7 +259,7 @@ class Staging {
     }
     // Temporaries of a merge that was killed (only merges make these names; the lock is ours).
     ec.clear();
-    for (const char* sub : {"images", "store"}) {
+    for (const char* sub : {"images", "videos", "store"}) {
       for (fs::directory_iterator it(out_ / sub, ec), end; !ec && it != end; it.increment(ec)) {
         const std::string n = it->path().filename().string();
         std::error_code fec;
@@ -283,7 +287,7 @@ class Staging {
                         true);
     }
     if (fs::is_regular_file(st) && fs::equivalent(src, to, ec)) return;  // merged before: already this file
-    if (to.extension() != ".png" && same_bytes(src, to)) return;           // copied by an earlier merge
+    if (to.extension() != ".png" && to.extension() != ".mp4" && same_bytes(src, to)) return;  // an earlier merge's copy
     make_folders(fs::path(dst).parent_path());
     const fs::path tmp = to.parent_path() / fmt::format(".{}.tmp-merge-{}", to.filename().string(), ::getpid());
     fs::remove(tmp, ec);  // a leftover of this pid, or a symlink: the name itself goes, never its target
@@ -296,7 +300,9 @@ class Staging {
     for (; renamed_ < temps_.size(); ++renamed_) {
       const auto& [tmp, to] = temps_[renamed_];
       // Race-free: over a PNG tprun wrote, else only where nothing is (output_folder.h).
-      if (fs::path(to).extension() == ".png") place_output_file(tmp, to, OutputKind::Png);
+      const fs::path ext = fs::path(to).extension();
+      if (ext == ".png") place_output_file(tmp, to, OutputKind::Png);
+      else if (ext == ".mp4") place_output_file(tmp, to, OutputKind::Mp4);
       else place_new_file(tmp, to);
     }
     write_file_atomic((out_ / kMergedMarker).string(), marker);
@@ -348,6 +354,10 @@ std::string output_file_problem(const std::string& dir, const std::string& rel, 
   if (r.extension() == ".png") {
     const std::string why = pipelines::png_incomplete(r.string());
     if (!why.empty()) return why;
+  }
+  if (r.extension() == ".mp4") {
+    const std::string why = mp4_incomplete(r.string());
+    if (!why.empty()) return "is not a complete MP4 (" + why + ")";
   }
   if (real != nullptr) *real = r.string();
   return "";
@@ -439,6 +449,7 @@ class MergePlan {
     for (const auto& [id, o] : merged) {
       ResultRecord r = o.rec;
       if (r.status == "done" && !r.path.empty()) r.path = add_record_file(id, o.dir, r.path);
+      if (r.status == "done") add_video_files(id, o.dir, r.frames);
       (r.status == "done" ? s.done : s.failed)++;
       lines += r.to_json().dump() + "\n";
     }
@@ -462,6 +473,22 @@ class MergePlan {
     }
     add(src, dst, fmt::format("{} (request '{}')", (fs::path(dir) / file).string(), clip_text(id)));
     return dst + rest;
+  }
+
+  // A done request's video outputs besides its record's file (a record names one format): its MP4 and
+  // every frame of its frames folder, where the chunk has them.
+  void add_video_files(const std::string& id, const std::string& dir, int64_t frames) {
+    std::error_code ec;
+    std::vector<std::string> files;
+    if (fs::exists(fs::symlink_status(fs::path(dir) / mp4_output_rel(id), ec))) files.push_back(mp4_output_rel(id));
+    if (fs::exists(fs::symlink_status(fs::path(dir) / frames_output_rel(id), ec))) {
+      for (int64_t f = 0; f < frames; ++f) files.push_back(frames_output_rel(id) + "/" + frame_png_name(f));
+    }
+    const std::string log = (fs::path(dir) / "results.jsonl").string();
+    for (const std::string& file : files) {
+      const std::string src = checked(dir, file, fmt::format(" (request '{}' in {})", clip_text(id), log));
+      add(src, file, fmt::format("{} (request '{}')", (fs::path(dir) / file).string(), clip_text(id)));
+    }
   }
 
   void add(const std::string& src, const std::string& dst, const std::string& what) {

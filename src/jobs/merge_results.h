@@ -2,14 +2,16 @@
 // `tprun merge-results`: the outputs of several job chunks (a Slurm job array
 // over `tprun run --shard I/N`, each chunk in its own folder and resumable on
 // its own) merged into one folder: results.jsonl with one record per id,
-// images/ and store/ files hard-linked (copied across file systems). An id
+// images/, videos/ (a done request's MP4 and PNG frames) and store/ files
+// hard-linked (copied across file systems). An id
 // recorded `done` in two chunks is an error (no request is done twice); an id
 // `failed` in one chunk and `done` in another keeps the `done` record.
 //
 // Nothing the chunks hold is trusted: every record path is a plain relative
 // path inside its chunk (results_log.h: record_path_problem), every file it
 // names resolves (symlinks followed) to a regular file inside the chunk, and
-// every PNG is whole (signature to IEND, every chunk's CRC). --out is neither
+// every PNG is whole (signature to IEND, every chunk's CRC), every MP4 whole
+// (jobs/mp4_file.h). --out is neither
 // a chunk nor inside one (it may hold the chunks: the run's output.dir) and
 // holds no results.jsonl that merge-results did not write (its .tprun-merged
 // marker, a regular file, says it did); no folder on the way to a merged

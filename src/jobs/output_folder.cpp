@@ -19,6 +19,7 @@
 #include "checkpoint/safetensors_header.h"
 #include "checkpoint/tensor_file.h"
 #include "jobs/manifest.h"
+#include "jobs/mp4_file.h"
 #include "memory/memory_options.h"
 #include "pipelines/png_image.h"
 #include "runtime/error.h"
@@ -177,7 +178,7 @@ std::string check_output_placement(const Manifest& m) {
   bool ours = false;
   for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name == "results.jsonl" || name == kLockFileName || name == "images" || name == "store" ||
+    if (name == "results.jsonl" || name == kLockFileName || name == "images" || name == "videos" || name == "store" ||
         name == "embeddings") {
       ours = true;  // embeddings/: a staged run's prompt cache (a rerun may find only that)
     }
@@ -187,7 +188,7 @@ std::string check_output_placement(const Manifest& m) {
   }
   if (entries == 0 || ours) return "";
   return fmt::format("OUTPUT FOLDER {} IS NOT EMPTY and holds no tprun results ({} entries, e.g. '{}'): tprun adds "
-                     "results.jsonl, images/, store/ and embeddings/ next to them. Is this the folder you meant? (--out DIR)",
+                     "results.jsonl, images/, videos/, store/ and embeddings/ next to them. Is this the folder you meant? (--out DIR)",
                      m.output_dir, entries, clip_text(example));
 }
 
@@ -267,6 +268,19 @@ std::string png_not_ours(const fs::path& p) {
   return "a PNG without tprun's Software text chunk";
 }
 
+// As png_not_ours: an MP4 whose comment tag says "tprun <version>" (read
+// from moov, which tprun's writer puts before the media data, so one cut
+// short since still counts and resume writes it again), or an empty file.
+std::string mp4_not_ours(const fs::path& p) {
+  Mp4Facts facts;
+  const std::string bad = mp4_incomplete(p.string(), &facts);
+  if (facts.comment.rfind("tprun ", 0) == 0) return "";
+  std::error_code ec;
+  if (fs::is_regular_file(p, ec) && fs::file_size(p, ec) == 0 && !ec) return "";
+  if (!bad.empty()) return fmt::format("not a complete MP4: {}", bad);
+  return "an MP4 without tprun's comment tag";
+}
+
 std::string tensors_not_ours(const fs::path& p) {
   try {
     const auto h = checkpoint::read_safetensors_header(p.string());
@@ -299,6 +313,7 @@ const char* kind_name(OutputKind kind) {
     case OutputKind::Status: return "status file";
     case OutputKind::Folder: return "folder";
     case OutputKind::Forced: return "file";
+    case OutputKind::Mp4: return "MP4";
   }
   return "file";
 }
@@ -358,7 +373,7 @@ void check_output_path(const std::string& path, const std::string& option, const
   }
   const std::string why = foreign_output(path, kind);
   if (why.empty()) return;
-  if (why.rfind("exists and is not a ", 0) == 0 && kind != OutputKind::Folder) {
+  if (why.rfind("exists and is not a", 0) == 0 && kind != OutputKind::Folder) {
     refuse(option, path, why + "; tprun replaces only its own outputs: remove it or pick another path");
   }
   if (why.find("leads nowhere") != std::string::npos) {
@@ -382,9 +397,11 @@ std::string foreign_output(const std::string& path, OutputKind kind) {
   if (!S_ISREG(st.st_mode)) return "exists and is not a regular file";
   if (kind == OutputKind::Forced) return "";
   const std::string why = kind == OutputKind::Png       ? png_not_ours(path)
+                          : kind == OutputKind::Mp4     ? mp4_not_ours(path)
                           : kind == OutputKind::Tensors ? tensors_not_ours(path)
                                                         : status_not_ours(path);
-  return why.empty() ? "" : fmt::format("exists and is not a {} tprun wrote ({})", kind_name(kind), why);
+  return why.empty() ? "" : fmt::format("exists and is not {} {} tprun wrote ({})", kind == OutputKind::Mp4 ? "an" : "a",
+                                         kind_name(kind), why);
 }
 
 std::vector<ReadPath> job_inputs(const Manifest& m) {

@@ -82,12 +82,13 @@ void check_output_file(const std::string& path, const std::string& option);
 // ---- every path tprun writes -------------------------------------------------
 
 // What an output path will hold; an existing file there is replaced only when
-// tprun wrote it (Png: a "Software: tprun ..." text chunk; Tensors: the
-// safetensors metadata tprun's writer adds; Status: a JSON object with
-// exit_code and state). Folder: a folder tprun writes files into (offload,
-// shard). Forced: a file the user asked to replace (`convert --force`): only
-// the rules on what the command reads apply.
-enum class OutputKind { Png, Tensors, Status, Folder, Forced };
+// tprun wrote it (Png: a "Software: tprun ..." text chunk; Mp4: the comment
+// tag "tprun ..." (mp4_file.h); Tensors: the safetensors metadata tprun's
+// writer adds; Status: a JSON object with exit_code and state). Folder: a
+// folder tprun writes files into (offload, shard). Forced: a file the user
+// asked to replace (`convert --force`): only the rules on what the command
+// reads apply.
+enum class OutputKind { Png, Tensors, Status, Folder, Forced, Mp4 };
 
 // A path the command reads: `what` names it in messages ("the model folder").
 struct ReadPath {

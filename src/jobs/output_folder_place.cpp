@@ -181,8 +181,8 @@ void place_new_file(const std::string& tmp, const std::string& path) {
 
 std::string png_frames_problem(int64_t frames) {
   if (frames == 1) return "";
-  return fmt::format("a PNG holds one image, and the result has {} frames; tprun has no output format for frame "
-                     "sequences yet (it never writes one frame of them alone)",
+  return fmt::format("a PNG holds one image, and the result has {} frames (tprun never writes one frame of them "
+                     "alone): write it as a video (mp4), a folder of PNG frames (frames) or into HDF5",
                      frames);
 }
 

@@ -156,13 +156,17 @@ void read_field(const LineReader& in, const std::string& k, const nlohmann::json
     g.max_sequence_length = in.bounded_integer(k, v);
   } else if (k == "frames") {
     g.frames = in.bounded_integer(k, v);
+  } else if (k == "fps") {
+    g.fps = in.bounded_integer(k, v);
+  } else if (k == "guidance_2") {
+    g.guidance_2 = in.bounded_number(k, v);
   } else if (k == "seed") {
     g.seed = in.seed(k, v);
     r.seed_given = true;
   } else {
     in.fail(clip_text(k),
-            "unknown field (known: id, prompt, negative_prompt, height, width, steps, guidance, true_cfg_scale, "
-            "max_sequence_length, frames, seed)");
+            "unknown field (known: id, prompt, negative_prompt, height, width, steps, guidance, guidance_2, "
+            "true_cfg_scale, max_sequence_length, frames, fps, seed)");
   }
 }
 

@@ -5,9 +5,10 @@
 // `id` (required; a string or a non-negative integer; letters, digits, '.', '_'
 // and '-', at most 128 characters, not starting with '.') names the outputs and
 // must be unique; `prompt` is required; optional per-request overrides:
-// negative_prompt, height, width, steps, guidance, true_cfg_scale,
-// max_sequence_length, frames (of a frame sequence; image pipelines take
-// only 1), seed. Any other key is an error. Errors name
+// negative_prompt, height, width, steps, guidance, guidance_2 (a second
+// expert's; two-expert pipelines only), true_cfg_scale, max_sequence_length,
+// frames (of a frame sequence; image pipelines take only 1), fps (of a
+// video; image pipelines refuse it), seed. Any other key is an error. Errors name
 // "<file>:<line>: <field>". Numbers are held to pipelines::request_bound (the
 // bounds `generate` and [defaults] share); the pipeline's own limits
 // (max_sequence_length, steps, the options it uses) are checked per request

@@ -141,7 +141,10 @@ nlohmann::json ResultRecord::to_json() const {
                       {"replica", replica},
                       {"error", error}};
   // Only a frame sequence says so: an image's line is what it always was.
-  if (frames != 1) j["frames"] = frames;
+  if (frames != 1) {
+    j["frames"] = frames;
+    if (fps > 0) j["fps"] = fps;
+  }
   return j;
 }
 
@@ -208,6 +211,13 @@ ResultRecord ResultRecord::from_json(const nlohmann::json& j) {
           fmt::format("\"frames\" must be an integer from 1 to {}, found {}", pipelines::kMaxFrames, r.frames));
     }
   }
+  if (field(j, "fps") != nullptr) {
+    r.fps = int_field<int64_t>(j, "fps");
+    if (r.fps < 1 || r.fps > pipelines::kMaxFps) {
+      throw std::runtime_error(
+          fmt::format("\"fps\" must be an integer from 1 to {}, found {}", pipelines::kMaxFps, r.fps));
+    }
+  }
   if (const nlohmann::json* t = field(j, "timings"); t != nullptr && t->is_object()) {
     r.encode_s = seconds_field(*t, "encode_s");
     r.denoise_s = seconds_field(*t, "denoise_s");
@@ -242,7 +252,9 @@ std::string record_path_problem(const std::string& path) {
     if (slash == std::string::npos) break;
     start = slash + 1;
   }
-  if (parts < 2 || (first != "images" && first != "store")) return "is not a file under images/ or store/";
+  if (parts < 2 || (first != "images" && first != "store" && first != "videos")) {
+    return "is not a file under images/, videos/ or store/";
+  }
   return "";
 }
 

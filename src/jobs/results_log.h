@@ -3,8 +3,8 @@
 // disk (fdatasync) per request by one writer (world rank 0):
 //   {"id", "status": "done"|"failed", "path", "seed", "height", "width",
 //    "steps", "timings": {"encode_s", "denoise_s", "decode_s", "total_s"},
-//    "replica", "error"}, and "frames" (F) where a result is a frame sequence
-//   (F > 1; an image's line has no "frames", so it reads as 1)
+//    "replica", "error"}, and "frames" (F) and "fps" where a result is a frame
+//   sequence (F > 1; an image's line has neither, so it reads as 1 frame)
 // On resume the log is read back. Only a torn last line (no final newline and
 // not a whole JSON value: a writer killed mid-line) is dropped; a complete
 // record that lacks only its newline (an editor that strips it) is kept, and
@@ -38,6 +38,7 @@ struct ResultRecord {
   uint64_t seed = 0;
   int64_t height = 0, width = 0, steps = 0;
   int64_t frames = 1;  // F of the result; written only where it is not 1
+  int64_t fps = 0;     // a video's frames per second; written only where frames is not 1 (0: unknown)
   double encode_s = 0, denoise_s = 0, decode_s = 0;
   int replica = 0;
   std::string error;  // failed: the message
@@ -48,8 +49,9 @@ struct ResultRecord {
 
 // Why a record's "path" is not a plain relative path inside an output folder
 // ("" when it is, and for ""): its file part (before the first ':'; a store
-// path goes on with ":/images/<id>") is relative, under images/ or store/,
-// with no empty component and none that starts with '.' (so no "." or ".."),
+// path goes on with ":/images/<id>") is relative, under images/, videos/ or store/,
+// images/, store/ or videos/, with no empty component and none that starts
+// with '.' (so no "." or ".."),
 // no control character, at most 4096 bytes. Checks the text only: symlinks
 // are the caller's (merge_results.h: output_file_problem). Torch-free, no I/O.
 std::string record_path_problem(const std::string& path);

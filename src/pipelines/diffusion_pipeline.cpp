@@ -89,7 +89,7 @@ void DiffusionPipeline::load_folder(const std::string& folder, const parallel::T
 }
 
 GenerationRequest DiffusionPipeline::with_defaults(GenerationRequest r) const {
-  r.fill_from(request_.drop_unused(spec_->defaults.request(vae_scale_)));
+  r.fill_from(request_.request_defaults(spec_->defaults.request(vae_scale_)));
   return r;
 }
 

@@ -23,8 +23,12 @@ std::vector<std::pair<std::string, std::string>> generation_text(const Generatio
   add("steps", r.steps);
   add("guidance", r.guidance);
   add("true_cfg_scale", r.true_cfg_scale);
+  add("guidance_2", r.guidance_2);
   add("max_sequence_length", r.max_sequence_length);
-  if (r.frame_count() > 1) t.emplace_back("frames", std::to_string(r.frame_count()));
+  if (r.frame_count() > 1) {
+    t.emplace_back("frames", std::to_string(r.frame_count()));
+    add("fps", r.fps);
+  }
   t.emplace_back("model", model);
   t.emplace_back("dtype", dtype);
   return t;

@@ -41,6 +41,14 @@ struct GenerationRequest {
   // Frames of the result, [F, H, W, 3]. Unset: the pipeline's default (an
   // image pipeline's is 1 and it refuses any other: request_checks.h).
   std::optional<int64_t> frames;
+  // Frames per second a video result plays at (its MP4, its results-log
+  // line, its HDF5 attribute). Unset: the pipeline's default
+  // (RequestOptions::default_fps); an image pipeline refuses it by name.
+  std::optional<int64_t> fps;
+  // The second expert's guidance scale (diffusers' guidance_scale_2: Wan 2.2
+  // A14B's low-noise transformer_2); only pipelines whose RequestOptions
+  // accept it take it, others refuse it by name.
+  std::optional<double> guidance_2;
   uint64_t seed = 0;
   // Tensors that replace a stage's output, by the pipeline's argument names
   // (prompt_embeds, latents, ...; each pipeline's header lists them). Null: none.
@@ -62,6 +70,8 @@ struct GenerationRequest {
     fill(true_cfg_scale, defaults.true_cfg_scale);
     fill(max_sequence_length, defaults.max_sequence_length);
     fill(frames, defaults.frames);
+    fill(fps, defaults.fps);
+    fill(guidance_2, defaults.guidance_2);
   }
 };
 
@@ -72,7 +82,8 @@ struct GenerationRequest {
 // (max_sequence_length to its text encoder's limit, steps to what its
 // scheduler can stretch: request_checks.h).
 struct RequestBound {
-  const char* key;  // "height", "width", "steps", "guidance", "true_cfg_scale", "max_sequence_length", "frames"
+  const char* key;  // "height", "width", "steps", "guidance", "true_cfg_scale", "max_sequence_length", "frames",
+                    // "fps", "guidance_2"
   double lo, hi;
   bool integer;
 };
@@ -81,6 +92,8 @@ const RequestBound& request_bound(const std::string& key);
 // The widest max_sequence_length any pipeline takes is its own limit; this
 // outer bound only keeps the number sane before the pipeline is known.
 constexpr int64_t kMaxSequenceLengthBound = 1 << 16;
+// Frames per second of a video (the fps key): 1 to 240.
+constexpr int64_t kMaxFps = 240;
 
 // `fail(key, what)` (which throws) for the first set field of `r` outside
 // its bound, `what` as "9223372036854775792 is outside [1, 16384]".
@@ -92,8 +105,9 @@ std::string outside_bound(const RequestBound& bound, int64_t value);
 
 // A request's parameters as PNG text chunks, in this order: Software, prompt,
 // negative_prompt (when set), seed, height, width, steps, guidance,
-// true_cfg_scale, max_sequence_length, frames (only above 1: an image's text
-// is what it always was), model, dtype. Unset fields are left out.
+// true_cfg_scale, guidance_2, max_sequence_length, frames and fps (only
+// above 1 frame: an image's text is what it always was), model, dtype. Unset
+// fields are left out.
 std::vector<std::pair<std::string, std::string>> generation_text(const GenerationRequest& request,
                                                                   const std::string& model, const std::string& dtype);
 

@@ -16,6 +16,8 @@ const RequestBound& request_bound(const std::string& key) {
       {"true_cfg_scale", 0, 1000, false},
       {"max_sequence_length", 1, static_cast<double>(kMaxSequenceLengthBound), true},
       {"frames", 1, static_cast<double>(kMaxFrames), true},
+      {"fps", 1, static_cast<double>(kMaxFps), true},
+      {"guidance_2", 0, 1000, false},
   };
   for (const auto& b : bounds) {
     if (key == b.key) return b;
@@ -49,6 +51,8 @@ void check_request_bounds(const GenerationRequest& r, const RequestFail& fail) {
   number("true_cfg_scale", r.true_cfg_scale);
   integer("max_sequence_length", r.max_sequence_length);
   integer("frames", r.frames);
+  integer("fps", r.fps);
+  number("guidance_2", r.guidance_2);
 }
 
 }  // namespace tprun::pipelines

@@ -28,6 +28,12 @@ GenerationRequest RequestOptions::drop_unused(GenerationRequest d) const {
   return d;
 }
 
+GenerationRequest RequestOptions::request_defaults(GenerationRequest d) const {
+  d = drop_unused(std::move(d));
+  if (makes_videos() && !d.fps) d.fps = default_fps;
+  return d;
+}
+
 RequestOptions request_options(const std::string& folder) {
   if (!checkpoint::is_pipeline_folder(folder)) {
     throw ConfigError(fmt::format("{}: not a diffusers pipeline folder (no model_index.json)", folder), true);
@@ -96,6 +102,15 @@ void check_request_options(const GenerationRequest& r, const RequestOptions& o, 
                               o.min_steps_reason));
   }
   check_request_frames(r, o, fail);
+  if (r.fps && !o.makes_videos()) {
+    fail("fps", fmt::format("{} makes images, not videos: a frame rate applies to frame sequences only; remove it",
+                            o.cls));
+  }
+  if (r.guidance_2 && !o.accepts_guidance_2) {
+    fail("guidance_2", fmt::format("{} has no second expert (transformer_2) to guide: guidance_2 applies to two-expert "
+                                   "pipelines only (Wan 2.2 A14B); remove it",
+                                   o.cls));
+  }
   const bool set[] = {r.guidance.has_value(), r.true_cfg_scale.has_value(), r.negative_prompt.has_value()};
   const char* names[] = {"guidance", "true_cfg_scale", "negative_prompt"};
   for (size_t i = 0; i < 3; ++i) {

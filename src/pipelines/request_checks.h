@@ -34,6 +34,14 @@ struct RequestOptions {
   int64_t max_frames = 1;
   int64_t frame_multiple = 1;
   std::string frame_multiple_reason;    // why, where frame_multiple > 1
+  // Frames per second of its videos when a request leaves `fps` unset (a
+  // frame-sequence pipeline, max_frames > 1: Wan 2.1's examples export at
+  // 16). An image pipeline (max_frames = 1) refuses `fps` by name.
+  int64_t default_fps = 16;
+  // Whether it applies `guidance_2` (a second expert's guidance scale:
+  // Wan 2.2 A14B's guidance_scale_2); every other pipeline refuses it by
+  // name.
+  bool accepts_guidance_2 = false;
   // Options it never applies, each with why: a request or [defaults] that
   // sets one is refused (never rendered without it and recorded with it).
   std::vector<std::pair<std::string, std::string>> unused;
@@ -41,6 +49,10 @@ struct RequestOptions {
   bool uses(const std::string& option) const;
   // `defaults` without the options this pipeline does not use (so with_defaults never fills one).
   GenerationRequest drop_unused(GenerationRequest defaults) const;
+  // The pipeline's __call__ defaults made its request defaults: drop_unused,
+  // and fps = default_fps where it makes frame sequences (max_frames > 1).
+  GenerationRequest request_defaults(GenerationRequest call_defaults) const;
+  bool makes_videos() const { return max_frames > 1; }
 };
 
 using RequestOptionsReader = std::function<RequestOptions(const checkpoint::PipelineFolder& folder)>;
@@ -59,7 +71,8 @@ void add_scheduler_request_options(const checkpoint::PipelineFolder& folder, Req
 // `fail(key, what)` (which throws) for the first field of `r` this pipeline
 // refuses: max_sequence_length beyond its limit, fewer steps than its
 // scheduler can take, frames other than 1 to an image pipeline (or beyond
-// max_frames, or not 1 + a multiple of frame_multiple), an option it does
+// max_frames, or not 1 + a multiple of frame_multiple), fps to an image
+// pipeline, guidance_2 to one that does not accept it, an option it does
 // not use. The bounds every pipeline
 // shares (check_request_bounds) first. `r` as given or with defaults
 // applied (with_defaults never fills an unused option).

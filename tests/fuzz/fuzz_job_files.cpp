@@ -30,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const auto m = tprun::jobs::parse_manifest_text(text, "/fuzz/job.toml");
     if (m.tp < 1 || m.dp < 0 || m.model.empty() || m.requests.empty()) bug("manifest invariants broken");
-    if (!m.png && !m.hdf5 && !m.latents) bug("no output format");
+    if (!m.png && !m.hdf5 && !m.latents && !m.mp4 && !m.frame_pngs) bug("no output format");
     if (below(m.defaults.steps, 1) || below(m.defaults.height, 1) || below(m.defaults.width, 1)) {
       bug("defaults out of range");
     }

@@ -5,7 +5,7 @@
 // std::runtime_error (1) or a ConfigError naming the file and line (3);
 // anything else (another exception, a crash, a sanitizer report) is a bug. An
 // accepted path must stay inside its folder whatever the folder: relative,
-// under images/ or store/, no "." / ".." / empty component. Seeds:
+// under images/, videos/ or store/, no "." / ".." / empty component. Seeds:
 // tests/fuzz/corpus/results_log.
 #include <unistd.h>
 
@@ -34,7 +34,9 @@ void check_accepted_path(const std::string& path) {
   const std::string file = tprun::jobs::record_file(path);
   if (file.empty() || file.front() == '/' || file.back() == '/') bug("accepted a path that is not relative", path);
   if (file.find('\0') != std::string::npos) bug("accepted a NUL", path);
-  if (file.rfind("images/", 0) != 0 && file.rfind("store/", 0) != 0) bug("accepted a path outside images/ store/", path);
+  if (file.rfind("images/", 0) != 0 && file.rfind("store/", 0) != 0 && file.rfind("videos/", 0) != 0) {
+    bug("accepted a path outside images/ store/ videos/", path);
+  }
   for (const auto& part : fs::path(file)) {
     const std::string p = part.string();
     if (p.empty() || p[0] == '.') bug("accepted an empty, '.' or '..' component", path);

@@ -30,6 +30,13 @@ Cases (one ctest entry each; `hostile_requests.py TPRUN MPIRUN CASE`):
                        the bound; in a job, a request's frames 9 is recorded failed naming frames
                        while frames 1 and no frames make the same pixels, and neither record nor PNG
                        mentions frames
+  video_keys           `fps` and `guidance_2` (issue 33) and the video formats on an image pipeline: a
+                       requests file's fps 0 / 241 / 2.5 and guidance_2 -1 / 1e9 / "x" end the job before
+                       any weight naming file:line and the field; [defaults] fps and guidance_2,
+                       output.formats mp4 and frames, `generate --fps`, `--guidance-2`, `--out x.mp4` are
+                       refused by FluxPipeline by name before any weight, `--fps 0` by the bound; in a
+                       job, requests with fps or guidance_2 are recorded failed naming the key while the
+                       other is done, its record and PNG with neither
 """
 import json
 import os
@@ -238,13 +245,69 @@ def case_frames_values(work):
         H.check(False, f"requests a and b are done ({recs.get('a')}, {recs.get('b')})")
 
 
+def case_video_keys(work):
+    f = tiny_flux(H.tprun, os.path.join(work, "flux"))
+    out = os.path.join(work, "bad-out")
+    for key, value, want in (("fps", "0", "fps: 0 is outside [1, 240]"), ("fps", "241", "fps: 241 is outside [1, 240]"),
+                             ("fps", "2.5", "fps: must be an integer, found 2.5"),
+                             ("guidance_2", "-1", "guidance_2: -1 is outside [0, 1000]"),
+                             ("guidance_2", "1e9", "guidance_2: 1000000000 is outside [0, 1000]"),
+                             ("guidance_2", '"x"', 'guidance_2: must be a number, found "x"')):
+        req = write(os.path.join(work, "bad.jsonl"), '{"id": "a", "prompt": "a red fox", "%s": %s}\n' % (key, value))
+        m = write_manifest(os.path.join(work, "bad.toml"), f, req, out, parallel={"tp": 1})
+        H.expect_config_error(f"a request's {key} {value}", ["run", m], f"bad.jsonl:1: {want}", absent=LOADED)
+    req = jsonl(os.path.join(work, "r.jsonl"), [{"id": "a", "prompt": "a red fox"}])
+    m = write_manifest(os.path.join(work, "fps.toml"), f, req, out, parallel={"tp": 1}, defaults={"fps": 16})
+    H.expect_config_error("[defaults] fps = 16", ["run", m],
+                          "defaults.fps: FluxPipeline makes images, not videos", absent=LOADED)
+    m = write_manifest(os.path.join(work, "g2.toml"), f, req, out, parallel={"tp": 1}, defaults={"guidance_2": 3.0})
+    H.expect_config_error("[defaults] guidance_2 = 3", ["run", m],
+                          "defaults.guidance_2: FluxPipeline has no second expert", absent=LOADED)
+    for fmt in ("mp4", "frames"):
+        m = write_manifest(os.path.join(work, f"{fmt}.toml"), f, req, out, parallel={"tp": 1},
+                           tail=f'formats = ["{fmt}"]\n')
+        H.expect_config_error(f"output.formats = [{fmt}]", ["run", m],
+                              f"output.formats: {fmt} is for videos, and FluxPipeline makes images", absent=LOADED)
+    H.expect_config_error("generate --fps 8", gen(f, "--steps", "1", "--fps", "8"),
+                          "--fps: FluxPipeline makes images, not videos", absent=LOADED)
+    H.expect_config_error("generate --fps 0", gen(f, "--steps", "1", "--fps", "0"),
+                          "--fps: 0 is outside [1, 240]", absent=LOADED)
+    H.expect_config_error("generate --guidance-2 3", gen(f, "--steps", "1", "--guidance-2", "3"),
+                          "--guidance-2: FluxPipeline has no second expert", absent=LOADED)
+    mp4 = gen(f, "--steps", "1")
+    mp4[mp4.index("--out") + 1] = os.path.join(work, "g.mp4")
+    H.expect_config_error("generate --out g.mp4", mp4, "an MP4 is a video, and FluxPipeline makes images",
+                          absent=LOADED)
+    H.check(not os.path.exists(os.path.join(work, "g.mp4")), "no g.mp4 written")
+    rows = [{"id": "a", "prompt": "a red fox"}, {"id": "b", "prompt": "a red fox", "fps": 8},
+            {"id": "c", "prompt": "a red fox", "guidance_2": 4.0}]
+    req = jsonl(os.path.join(work, "job.jsonl"), rows)
+    job_out = os.path.join(work, "job-out")
+    m = write_manifest(os.path.join(work, "job.toml"), f, req, job_out, parallel={"tp": 1}, defaults={"steps": 1})
+    rc, log = H.run(["run", m], np_=1, timeout=300)
+    recs = by_id(job_out) if os.path.exists(os.path.join(job_out, "results.jsonl")) else {}
+    for k, want in (("b", "fps: FluxPipeline makes images, not videos"),
+                    ("c", "guidance_2: FluxPipeline has no second expert")):
+        r = recs.get(k, {})
+        H.check(r.get("status") == "failed" and want in r.get("error", "") and "fps" not in r,
+                f"request {k}: recorded {r.get('status')} naming '{want}': {r.get('error', '')[:200]}"
+                + ("" if rc in (0, 6) else f"\n{log[-800:]}"))
+        H.check(not os.path.exists(os.path.join(job_out, "images", f"{k}.png")), f"no image for request {k}")
+    a = recs.get("a", {})
+    H.check(rc == 6 and a.get("status") == "done" and "fps" not in a and "frames" not in a,
+            f"request a: exit {rc} (want 6), recorded {a.get('status')} without fps/frames ({sorted(a)})")
+    if a.get("status") == "done":
+        t = png_text(os.path.join(job_out, "images", "a.png"))
+        H.check("fps" not in t and "guidance_2" not in t, f"a.png records neither fps nor guidance_2 ({sorted(t)})")
+
+
 def main():
     global H
     H = Harness(sys.argv[1], sys.argv[2])
     return run_cases(H, {"max_sequence_length": case_max_sequence_length, "unused_options": case_unused_options,
                          "one_step": case_one_step, "numeric_bounds": case_numeric_bounds,
                          "scheduler_bounds": case_scheduler_bounds, "nan_hint": case_nan_hint,
-                         "frames_values": case_frames_values},
+                         "frames_values": case_frames_values, "video_keys": case_video_keys},
                      "tprun-hostile-requests")
 
 
