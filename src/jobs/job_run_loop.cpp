@@ -464,7 +464,11 @@ int JobRun::results() {
                  ran, failed_, wall, wall > 0 ? static_cast<double>(ran) / wall : 0.0, share(stage_sums_[0]),
                  share(stage_sums_[1]), share(stage_sums_[2]),
                  loop_s_ > 0 ? 100 * (loop_s_ - compute_s_) / loop_s_ : 0.0, loop_s_ - compute_s_, loop_s_);
-    spdlog::info("results: {} | images: {}", log_->path(), images_.string());
+    if (plan_.manifest.mp4 || plan_.manifest.frame_pngs) {
+      spdlog::info("results: {} | videos: {}", log_->path(), (out_dir_ / "videos").string());
+    } else {
+      spdlog::info("results: {} | images: {}", log_->path(), images_.string());
+    }
     if (interrupted_replicas_ > 0) {
       spdlog::warn("interrupted: {} replica(s) stopped early; rerun the same command to resume (exit code {})",
                    interrupted_replicas_, kExitInterrupted);
