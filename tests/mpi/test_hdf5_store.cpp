@@ -41,7 +41,7 @@ TEST(Hdf5Store, RanksWriteTheirOwnRequests) {
     reqs[i].gen.guidance = 3.5;
     reqs[i].gen.true_cfg_scale = 1.0;
     reqs[i].gen.seed = 100 + i;
-    srs.push_back({&reqs[i], 4, 8});
+    srs.push_back({&reqs[i], {4, 8}});
   }
   std::set<std::string> written;
   std::string final_path;
@@ -116,7 +116,7 @@ TEST(Hdf5Store, FrameSequencesAndImagesSideBySide) {
     reqs[i].gen.width = w;
     reqs[i].gen.steps = 2;
     if (frames[i] > 0) reqs[i].gen.frames = frames[i];
-    srs.push_back({&reqs[i], 4, 8});
+    srs.push_back({&reqs[i], {4, 8}});
   }
   auto bytes_of = [&](int i) {
     std::vector<uint8_t> rgb(static_cast<size_t>(reqs[i].gen.frame_count() * h * w * 3));
