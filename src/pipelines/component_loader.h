@@ -53,6 +53,11 @@ class LoadedComponents {
 // decode_on_every_rank).
 bool component_held(const ComponentSpec& c, const PipelineOptions& options, int tp_rank);
 
+// Whether `c` is an expert a load with options.stage_experts leaves on disk:
+// the second expert (transformer_2, Wan 2.2 A14B), which the family loads
+// later in place of the first (WanPipeline::hold_stage), never beside it.
+bool staged_later(const ComponentSpec& c, const PipelineOptions& options);
+
 // Loads what `options` asks for (text encoders; the transformer and the VAE
 // with options.denoiser). Errors name the component's files.
 LoadedComponents load_components(const checkpoint::PipelineFolder& pf, const PipelineSpec& spec,

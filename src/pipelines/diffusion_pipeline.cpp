@@ -333,7 +333,11 @@ void DiffusionPipeline::advance_batch(InFlight& batch, int64_t stage) const try 
   const std::vector<float>& timesteps = b.scheduler->timesteps();
   const int64_t n = static_cast<int64_t>(timesteps.size());
   int64_t end = b.next_step;
-  while (end < n && step_stage(timesteps[static_cast<size_t>(end)]) <= stage) ++end;
+  // The last stage whose weights are held apart runs every step left: with
+  // both experts resident (one weight stage) a job's one advance_batch runs
+  // the high- and the low-noise steps.
+  const bool last = stage + 1 >= weight_stages();
+  while (end < n && (last || step_stage(timesteps[static_cast<size_t>(end)]) <= stage)) ++end;
   if (end == b.next_step) return;
   hold_stage(stage);
   const GenerationRequest& r = b.rs.front();

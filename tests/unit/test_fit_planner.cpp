@@ -381,5 +381,51 @@ TEST(FitPlanner, MemoryEstimateSaturates) {
   EXPECT_EQ(mul_bytes(6, 7), 42u);
 }
 
+// Wan 2.2 A14B with staged experts (schedule.experts = "staged"): the load
+// reads the first expert alone (the second comes later, in its place), and
+// the planner counts one expert, not both.
+TEST(FitPlanner, StagedExpertsHoldOneExpert) {
+  const std::string folder = tiny_folder("wan-a14b");
+  PipelineOptions resident, staged;
+  staged.stage_experts = true;
+  const PipelineLayout layout = pipeline_layout(folder, staged);
+  ASSERT_NE(layout.find("transformer_2"), nullptr);
+  EXPECT_TRUE(layout.find("transformer_2")->staged_later);
+  EXPECT_FALSE(layout.find("transformer")->staged_later);
+  EXPECT_FALSE(pipeline_layout(folder, resident).find("transformer_2")->staged_later);
+
+  const uint64_t both = load_pipeline(folder, parallel::TpContext{}, resident)->bytes_loaded();
+  const uint64_t one = load_pipeline(folder, parallel::TpContext{}, staged)->bytes_loaded();
+  auto source = checkpoint::open_weight_source(layout.find("transformer_2")->path, "");
+  std::string config_path;
+  const auto config = models::read_component_config(layout.find("transformer_2")->path, &config_path);
+  const uint64_t expert = models::load_model(*source, config, config_path, parallel::TpContext{},
+                                             layout.find("transformer_2")->options)
+                              ->bytes_loaded();
+  EXPECT_GT(expert, 0u);
+  EXPECT_EQ(one + expert, both);
+
+  FitQuery q = query_of("wan-a14b", 2, resident);
+  q.frames = 5;
+  const FitPlan all = plan_fit(q);
+  q.options = staged;
+  const FitPlan held = plan_fit(q);
+  EXPECT_TRUE(held.staged_experts);
+  for (int tp : {1, 2}) {
+    for (const std::string stages : {"together", "staged"}) {
+      SCOPED_TRACE("tp " + std::to_string(tp) + " " + stages);
+      const FitCandidate* a = all.find(tp, stages);
+      const FitCandidate* h = held.find(tp, stages);
+      ASSERT_TRUE(a && h);
+      const uint64_t t2 = h->components.at("transformer_2");
+      EXPECT_EQ(t2, a->components.at("transformer_2"));
+      EXPECT_EQ(h->components.at("transformer"), t2);  // one config, one size
+      EXPECT_EQ(h->phases.denoise + t2, a->phases.denoise);
+      EXPECT_EQ(h->phases.decode + t2, a->phases.decode);
+      EXPECT_LT(h->peak, a->peak);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tprun::pipelines

@@ -392,5 +392,36 @@ TEST(StagedPipeline, LoadingNothingIsAConfigError) {
   }
 }
 
+// Wan 2.2 A14B as `tprun run` drives it (start_batch, advance_batch per
+// weight stage, finish_in_flight): with both experts resident (one weight
+// stage) and staged (two), every step runs, high- and low-noise expert, and
+// the video equals generate_batch's.
+TEST(StagedPipeline, WanExpertsRunEveryStepAsAJobAdvancesThem) {
+  GenerationRequest r;
+  r.prompt = "a fox in the snow";
+  r.height = r.width = 32;
+  r.steps = 4;
+  r.frames = 5;
+  r.seed = 5;
+  r.guidance = 4.0;
+  r.guidance_2 = 3.0;
+  const std::string folder = tiny_folder("wan-a14b");
+  std::vector<uint8_t> reference;
+  for (const bool staged : {false, true}) {
+    SCOPED_TRACE(staged ? "experts staged" : "experts resident");
+    PipelineOptions o;
+    o.stage_experts = staged;
+    const auto p = load_pipeline(folder, parallel::TpContext{}, o);
+    EXPECT_EQ(p->weight_stages(), staged ? 2 : 1);
+    auto batch = p->start_batch({r});
+    for (int64_t s = 0; s < p->weight_stages(); ++s) p->advance_batch(*batch, s);
+    const std::vector<GenerationResult> job = p->finish_in_flight(*batch);
+    ASSERT_EQ(job.size(), 1u);
+    ASSERT_TRUE(job[0].decoded());
+    if (reference.empty()) reference = p->generate_batch({r})[0].rgb;
+    EXPECT_EQ(job[0].rgb, reference);
+  }
+}
+
 }  // namespace
 }  // namespace tprun::pipelines
