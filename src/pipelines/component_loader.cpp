@@ -20,16 +20,11 @@ void LoadedComponents::wrong_class(const std::string& name) const {
 
 bool component_held(const ComponentSpec& c, const PipelineOptions& options, int tp_rank) {
   switch (c.role) {
-    case ComponentRole::kTransformer: return options.denoiser && !staged_later(c, options);
+    case ComponentRole::kTransformer: return options.denoiser && !(c.staged_expert && options.stage_experts);
     case ComponentRole::kTextEncoder: return options.text_encoders;
     case ComponentRole::kVae: return options.denoiser && (options.decode_on_every_rank || c.every_rank || tp_rank == 0);
     default: return false;
   }
-}
-
-bool staged_later(const ComponentSpec& c, const PipelineOptions& options) {
-  return options.denoiser && options.stage_experts && c.role == ComponentRole::kTransformer &&
-         c.name == "transformer_2";
 }
 
 LoadedComponents load_components(const checkpoint::PipelineFolder& pf, const PipelineSpec& spec,

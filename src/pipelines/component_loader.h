@@ -49,14 +49,10 @@ class LoadedComponents {
 
 // Whether TP rank `tp_rank` holds the model component `c` in a load with
 // `options`: the text encoders with options.text_encoders, the transformer
-// with options.denoiser, the VAE with it on rank 0 (every rank with
-// decode_on_every_rank).
+// with options.denoiser (a staged expert not with stage_experts: its
+// pipeline loads it when its stage comes), the VAE with it on rank 0 (every
+// rank with decode_on_every_rank or the VAE's every_rank).
 bool component_held(const ComponentSpec& c, const PipelineOptions& options, int tp_rank);
-
-// Whether `c` is an expert a load with options.stage_experts leaves on disk:
-// the second expert (transformer_2, Wan 2.2 A14B), which the family loads
-// later in place of the first (WanPipeline::hold_stage), never beside it.
-bool staged_later(const ComponentSpec& c, const PipelineOptions& options);
 
 // Loads what `options` asks for (text encoders; the transformer and the VAE
 // with options.denoiser). Errors name the component's files.

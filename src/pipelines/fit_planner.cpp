@@ -112,17 +112,12 @@ MemoryModel rank_model(const PipelineLayout& l, const FitQuery& q, const std::st
 RankNumbers rank_numbers(const std::vector<SizedComponent>& comps, const PipelineLayout& l, const FitQuery& q,
                          const RequestShape& shape, const std::string& device, int tp, int rank, u64 embeddings) {
   RankNumbers n;
-  u64 encoders = 0, denoiser = 0, first_expert = 0, later_expert = 0;
+  u64 encoders = 0, denoiser = 0;
   bool encodes = false, decodes = false;
   for (const auto& c : comps) {
     if (!c.layout.holds(rank)) continue;
     const u64 b = device_bytes(c, rank, tp);
     n.components[c.layout.name] = b;
-    if (c.layout.staged_later) {
-      later_expert = std::max(later_expert, b);
-      continue;
-    }
-    if (c.layout.name == "transformer") first_expert = b;
     if (c.layout.phase == Phase::Encode) {
       encoders = add_bytes(encoders, b);
       encodes = true;
@@ -131,8 +126,6 @@ RankNumbers rank_numbers(const std::vector<SizedComponent>& comps, const Pipelin
       decodes = decodes || c.layout.phase == Phase::Decode;
     }
   }
-  // Staged experts: the second one replaces the first, so the larger of the two counts.
-  if (later_expert > first_expert) denoiser = add_bytes(denoiser, later_expert - first_expert);
   const MemoryEstimate e = estimate_request_memory(rank_model(l, q, device, tp, encodes, decodes), shape);
   // Sums saturate (request_memory.h): an absurd size reads as too large, never as small.
   const u64 all = add_bytes(encoders, denoiser), step = add_bytes(e.step, e.attention);

@@ -51,8 +51,7 @@ PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions&
   l.temporal_scale = vae.temporal_scale;
   l.defaults = spec->defaults.request(l.vae_scale_factor);
   for (const ComponentSpec* c : spec->models_in_load_order()) {
-    // TP rank 0 holds whatever the load holds (a staged second expert: later, in place of the first).
-    if (!component_held(*c, options, 0) && !staged_later(*c, options)) continue;
+    if (!component_held(*c, options, 0)) continue;  // TP rank 0 holds whatever the load holds
     if (!configs.has(c->name)) continue;             // an optional component the folder does not have
     ComponentLayout cl;
     cl.name = c->name;
@@ -65,7 +64,6 @@ PipelineLayout pipeline_layout(const std::string& folder, const PipelineOptions&
     }
     cl.sharded = component_split(*c, options);
     cl.rank_zero_only = c->role == ComponentRole::kVae && !options.decode_on_every_rank && !c->every_rank;
-    cl.staged_later = staged_later(*c, options);
     l.components.push_back(std::move(cl));
   }
   return l;

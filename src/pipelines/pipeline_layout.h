@@ -38,9 +38,6 @@ struct ComponentLayout {
   std::vector<std::string> class_skip;
   bool sharded = false;          // split over the TP group; else whole on each rank that holds it
   bool rank_zero_only = false;   // held by TP rank 0 alone (the VAE's decoder by default)
-  // Staged experts (PipelineOptions::stage_experts): the second expert, held
-  // in place of the first (transformer), never beside it.
-  bool staged_later = false;
   bool holds(int tp_rank) const { return !rank_zero_only || tp_rank == 0; }
 };
 
