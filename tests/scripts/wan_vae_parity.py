@@ -27,15 +27,14 @@ import json
 import os
 import re
 import sys
-import time
 
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tprun_harness import Harness, run_cases  # noqa: E402
+from tprun_harness import Harness, run_cases, save_causal_vae  # noqa: E402
 
 TOL = 1e-4
 H = None  # tprun_harness.Harness, set in main()
@@ -49,43 +48,16 @@ def make_vae(work, name="vae"):
     """diffusers' AutoencoderKLWan with the tiny config and redrawn parameters, saved to work/name."""
     from diffusers import AutoencoderKLWan
     torch.manual_seed(0)
-    vae = AutoencoderKLWan(**TINY).eval()
-    g = torch.Generator().manual_seed(4321)
-    with torch.no_grad():
-        for pname, p in vae.named_parameters():
-            if pname.endswith("gamma"):
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-            elif pname.endswith("bias"):
-                p.copy_(0.05 * torch.randn(p.shape, generator=g))
-            else:
-                fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
-    folder = os.path.join(work, name)
-    vae.save_pretrained(folder)
-    return vae, folder
+    return save_causal_vae(AutoencoderKLWan(**TINY).eval(), 4321, os.path.join(work, name))
 
 
 def forward(work, folder, comp, inputs, tag, memory=(), np_=1):
-    """(outputs, log) of `tprun forward`; outputs None when it failed (reported)."""
-    inp, out = os.path.join(work, f"{tag}_in.safetensors"), os.path.join(work, f"{tag}_out.safetensors")
-    save_file({k: v.contiguous() for k, v in inputs.items()}, inp)
-    args = ["forward", "--model", folder, "--inputs", inp, "--out", out, "--component", comp]
-    if np_ > 1:
-        args += ["--tp", str(np_)]
-    for m in memory:
-        args += ["--memory", m]
-    t0 = time.time()
-    rc, log = H.run(args, np_=np_)
-    if not H.check(rc == 0, f"{tag}: forward ran ({time.time() - t0:.1f} s)" + ("" if rc == 0 else f": {log[-1500:]}")):
-        return None, log
-    return load_file(out), log
+    """(outputs, log) of `tprun forward` (Harness.forward); outputs None when it failed (reported)."""
+    return H.forward(work, folder, comp, inputs, tag, memory=memory, np_=np_)
 
 
 def compare(tag, got, want, tol=TOL):
-    diff = (got.float() - want.float()).abs().max().item() if tuple(got.shape) == tuple(want.shape) else float("inf")
-    H.check(diff <= tol, f"{tag}: shape {tuple(got.shape)} (diffusers {tuple(want.shape)}), "
-            f"max abs diff {diff:.3g} (tolerance {tol})")
-    return diff
+    return H.compare(tag, got, want, tol)
 
 
 def latents(batch, frames, h, w, seed=7):
