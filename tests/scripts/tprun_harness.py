@@ -127,6 +127,27 @@ class Harness:
                    f"max abs diff {diff:.3g} (tolerance {tol})")
         return diff
 
+    def expect_config_refusals(self, work, folder, inputs_file, cases, comp="vae_decoder"):
+        """For each (label, patch, want) of `cases`: a copy of the model FOLDER (its config.json with `patch`
+        over it, its diffusion_pytorch_model.safetensors linked) given to `tprun forward --component COMP`
+        at np 2 exits 4 with `want` and config.json on both ranks, writes nothing and loads no weight. The
+        refusal comes from the config read, which runs after the checkpoint's headers and before its
+        tables are validated or any tensor is read; "attention (" is logged after the weights load."""
+        cfg = json.load(open(os.path.join(folder, "config.json")))
+        weights = os.path.join(folder, "diffusion_pytorch_model.safetensors")
+        for i, (label, patch, want) in enumerate(cases):
+            d = os.path.join(work, f"bad{i}")
+            os.makedirs(d)
+            json.dump(dict(cfg, **patch), open(os.path.join(d, "config.json"), "w"))
+            os.symlink(weights, os.path.join(d, "diffusion_pytorch_model.safetensors"))
+            out = os.path.join(work, f"bad{i}_out.safetensors")
+            rc, log = self.run(["forward", "--model", d, "--component", comp, "--inputs", inputs_file, "--out", out],
+                               np_=2, timeout=120)
+            lines = [l for l in log.splitlines() if want in l and "config.json" in l]
+            self.check(rc == 4 and len(lines) >= 2 and not os.path.exists(out) and "attention (" not in log,
+                       f"{label}: exit {rc} (want 4), '{want}' with the file named on {len(lines)} of 2 ranks, "
+                       "no weight load" + ("" if lines else f"\n{log[-600:]}"))
+
     def init_model(self, work, arch, name=None):
         d = os.path.join(work, name or arch)
         r = subprocess.run([self.tprun, "init-model", d, "--arch", arch], capture_output=True, text=True)
