@@ -377,30 +377,28 @@ def case_plan(work):
                        + ("" if r.returncode == 0 else r.stderr[-800:])):
             return
         plans[staged] = json.loads(r.stdout)
-    print(json.dumps(plans[False])[:1500], flush=True)
+        req = plans[staged]["request"]
+        H.check(req.get("frames") == 81 and req.get("experts") == ("staged" if staged else "resident"),
+                f"the plan says what it planned: {req}")
     expert = tensor_bytes(os.path.join(d, "transformer_2"))
     H.check(expert == tensor_bytes(os.path.join(d, "transformer")), f"the two experts hold the same bytes ({expert})")
     for tp in (1, 2):
-        a, b = denoise_bytes(plans[False], tp), denoise_bytes(plans[True], tp)
-        if not H.check(a is not None and b is not None, f"tp {tp}: both plans give a denoise phase"):
-            continue
-        # Each rank holds 1 / tp of the expert's split tensors and all of its replicated ones.
-        diff = a - b
-        H.check(expert / tp <= diff <= expert and b > 0,
-                f"tp {tp}: denoise phase {a} -> {b} bytes staged: {diff} less, one expert is {expert} "
-                f"({expert / tp:.0f} split over tp {tp})")
+        for stages in ("together", "staged"):
+            a, b = candidate(plans[False], tp, stages), candidate(plans[True], tp, stages)
+            if not H.check(a is not None and b is not None, f"tp {tp} {stages}: both plans have the candidate"):
+                continue
+            one = a["components"]["transformer_2"]  # this rank's bytes of the expert
+            # A rank holds 1 / tp of the expert's split tensors and all of its replicated ones.
+            H.check(expert / tp <= one <= expert and b["components"] == a["components"],
+                    f"tp {tp} {stages}: transformer_2 is {one} bytes on rank 0 ({expert} in its files)")
+            for phase in ("denoise", "decode"):
+                less = a["phases"][phase] - b["phases"][phase]
+                H.check(less == one, f"tp {tp} {stages}: the {phase} phase {a['phases'][phase]} -> "
+                        f"{b['phases'][phase]} bytes with --stage-experts, {less} less (one expert: {one})")
 
 
-def denoise_bytes(plan, tp):
-    """The weight bytes a rank holds while denoising, in `plan`'s candidate at tp (None when absent)."""
-    for c in plan.get("candidates", []):
-        if c.get("tp") == tp and c.get("stages", "together") == "together":
-            ph = c.get("phases", {}).get("denoise") or c.get("denoise")
-            if isinstance(ph, dict):
-                return ph.get("weights_bytes") or ph.get("weights")
-            if isinstance(ph, (int, float)):
-                return ph
-    return None
+def candidate(plan, tp, stages):
+    return next((c for c in plan.get("candidates", []) if c["tp"] == tp and c["stages"] == stages), None)
 
 
 # ---- components ----------------------------------------------------------------------------------------
