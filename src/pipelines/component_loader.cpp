@@ -20,7 +20,7 @@ void LoadedComponents::wrong_class(const std::string& name) const {
 
 bool component_held(const ComponentSpec& c, const PipelineOptions& options, int tp_rank) {
   switch (c.role) {
-    case ComponentRole::kTransformer: return options.denoiser;
+    case ComponentRole::kTransformer: return options.denoiser && !(c.staged_expert && options.stage_experts);
     case ComponentRole::kTextEncoder: return options.text_encoders;
     case ComponentRole::kVae: return options.denoiser && (options.decode_on_every_rank || c.every_rank || tp_rank == 0);
     default: return false;

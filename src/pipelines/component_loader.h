@@ -49,8 +49,9 @@ class LoadedComponents {
 
 // Whether TP rank `tp_rank` holds the model component `c` in a load with
 // `options`: the text encoders with options.text_encoders, the transformer
-// with options.denoiser, the VAE with it on rank 0 (every rank with
-// decode_on_every_rank).
+// with options.denoiser (a staged expert not with stage_experts: its
+// pipeline loads it when its stage comes), the VAE with it on rank 0 (every
+// rank with decode_on_every_rank or the VAE's every_rank).
 bool component_held(const ComponentSpec& c, const PipelineOptions& options, int tp_rank);
 
 // Loads what `options` asks for (text encoders; the transformer and the VAE

@@ -69,6 +69,10 @@ struct ComponentSpec {
   // The VAE: held by every rank of the TP group, which split its decode
   // (otherwise TP rank 0 alone, unless decode_on_every_rank).
   bool every_rank = false;
+  // A transformer the pipeline loads itself when its stage comes, where
+  // PipelineOptions::stage_experts holds one expert at a time (Wan 2.2
+  // A14B's transformer_2): not loaded with the others then.
+  bool staged_expert = false;
 
   // Where the component's own class name is written, checked against `classes`:
   // diffusers' config.json / scheduler_config.json "_class_name",

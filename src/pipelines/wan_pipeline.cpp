@@ -167,6 +167,7 @@ PipelineSpec wan_spec() {
   ComponentSpec transformer_2 = transformer_component(kTransformerClass);
   transformer_2.name = "transformer_2";
   transformer_2.required = false;
+  transformer_2.staged_expert = true;
   ComponentSpec vae = vae_component({"AutoencoderKLWan"});
   vae.every_rank = true;
   CallDefaults defaults{60, 50, 5.0, 1.0, 512};

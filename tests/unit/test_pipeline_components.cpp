@@ -35,17 +35,21 @@ TEST(PipelineComponents, EveryRegisteredPipelineHasATable) {
     ASSERT_NE(spec, nullptr) << cls;
     EXPECT_EQ(spec->cls, cls);
     EXPECT_TRUE(spec->load && spec->tokenize && spec->request_options && spec->shapes) << cls << ": incomplete spec";
-    // One transformer and one VAE, each component named once, every model component with accepted classes.
+    // One required transformer named "transformer" (a second expert optional: Wan 2.2's
+    // transformer_2) and one VAE, each component named once, every model component with accepted classes.
     int transformers = 0, vaes = 0;
     std::set<std::string> seen;
     for (const auto& c : spec->components) {
       EXPECT_TRUE(seen.insert(c.name).second) << cls << " names " << c.name << " twice";
       EXPECT_FALSE(c.classes.empty()) << cls << "." << c.name;
-      transformers += c.role == ComponentRole::kTransformer;
+      transformers += c.role == ComponentRole::kTransformer && c.required;
+      if (c.role == ComponentRole::kTransformer && !c.required) EXPECT_TRUE(c.staged_expert) << cls << "." << c.name;
       vaes += c.role == ComponentRole::kVae;
       if (c.splittable) EXPECT_EQ(c.role, ComponentRole::kTextEncoder) << cls << "." << c.name;
     }
     EXPECT_EQ(transformers, 1) << cls;
+    ASSERT_NE(spec->find("transformer"), nullptr) << cls;
+    EXPECT_TRUE(spec->find("transformer")->required) << cls;
     EXPECT_EQ(vaes, 1) << cls;
     EXPECT_NE(spec->find("scheduler"), nullptr) << cls;
   }
