@@ -3,7 +3,6 @@
 #include "pipelines/fit_planner.h"
 
 #include <algorithm>
-#include <limits>
 
 #include <c10/core/ScalarType.h>
 #include <fmt/format.h>
@@ -126,13 +125,6 @@ RankNumbers rank_numbers(const std::vector<SizedComponent>& comps, const Pipelin
       denoiser = add_bytes(denoiser, b);
       decodes = decodes || c.layout.phase == Phase::Decode;
     }
-  }
-  // Experts staged (Wan 2.2 A14B, schedule.experts = "staged"): one of the two held at a time, so the
-  // smaller is never resident beside the other.
-  const auto first = n.components.find("transformer"), second = n.components.find("transformer_2");
-  if (q.options.stage_experts && first != n.components.end() && second != n.components.end() &&
-      denoiser != std::numeric_limits<u64>::max()) {
-    denoiser -= std::min(first->second, second->second);
   }
   const MemoryEstimate e = estimate_request_memory(rank_model(l, q, device, tp, encodes, decodes), shape);
   // Sums saturate (request_memory.h): an absurd size reads as too large, never as small.
