@@ -38,7 +38,7 @@ Command forward_command() {
          "with guidance_embeds); QwenImageTransformer2DModel: hidden_states, encoder_hidden_states, optional "
          "encoder_hidden_states_mask, timestep (t / 1000), img_shapes (int64 [B, 3]: frames, h, w in patches); "
          "WanTransformer3DModel: hidden_states [B, C, F, H, W], timestep [B] (0..1000), encoder_hidden_states; "
-         "text encoders: input_ids (int64 [B, S]); vae_decoder: latents (already "
+         "text encoders: input_ids (int64 [B, S]); vae_decoder: latents (or diffusers' z; already "
          "/ scaling_factor + shift_factor; [B, C, F, h, w] for video VAEs; at --tp > 1 decoded across the group); vae_encoder: image in [-1, 1]")
         ("out", po::value<std::string>(), "safetensors file rank 0 writes (F32; an existing file only if tprun wrote it; never in the model folder) with every "
          "output: transformers 'sample'; CLIP 'last_hidden_state' + 'pooler_output'; T5 'last_hidden_state'; "
@@ -71,6 +71,11 @@ Command forward_command() {
     auto inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
     const auto t0 = std::chrono::steady_clock::now();
     auto model = load_component(args, tp, session.device().device);
+    // A VAE decoder's latents may carry diffusers' name for them (decode(z)).
+    if (dynamic_cast<const models::Vae*>(model.get()) && inputs.count("z") && !inputs.count("latents")) {
+      inputs.emplace("latents", inputs.at("z"));
+      inputs.erase("z");
+    }
     models::check_input_names(inputs, *model, "--inputs " + vm["inputs"].as<std::string>());
     const auto t1 = std::chrono::steady_clock::now();
     if (tp.comm) tp.comm->reset_stats();

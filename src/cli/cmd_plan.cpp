@@ -113,7 +113,8 @@ nlohmann::json plan_json(const pipelines::FitPlan& plan) {
   out["overhead"] = plan.overhead;
   out["request"] = {{"height", plan.height},         {"width", plan.width},
                     {"batch", plan.batch},           {"text_tokens", plan.text_tokens},
-                    {"true_cfg", plan.true_cfg},     {"stage_requests", plan.stage_requests}};
+                    {"true_cfg", plan.true_cfg},     {"stage_requests", plan.stage_requests},
+                    {"frames", plan.frames},         {"experts", plan.staged_experts ? "staged" : "resident"}};
   out["candidates"] = nlohmann::json::array();
   for (const auto& c : plan.candidates) {
     out["candidates"].push_back({{"tp", c.tp},

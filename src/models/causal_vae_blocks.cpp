@@ -13,9 +13,11 @@
 #include <ATen/ops/silu.h>
 #include <fmt/format.h>
 
+#include "checkpoint/torch_dtype.h"
 #include "models/conv_ops.h"
 #include "models/nn_ops.h"
 #include "parallel/weight.h"
+#include "runtime/error.h"
 
 namespace tprun::models {
 
@@ -221,6 +223,37 @@ at::Tensor mid_block_frame(const CausalMidBlockWeights& w, const at::Tensor& x, 
   at::Tensor h = residual_frame(w.resnet0, x);
   h = attention_frame(w.attention, h, attention_chunk);
   return residual_frame(w.resnet1, h);
+}
+
+CausalVaeBuild build_causal_vae(const char* cls, checkpoint::WeightSource& source, const CausalVaeLayout& layout,
+                                const BuildOptions& build, const ModelOptions& options,
+                                const std::string& compute_dtype, CausalConvLoad& conv_load) {
+  const int64_t attention_chunk = nn::checked_attention_chunk(options.memory.attention_chunk);
+  CausalVaeBuild out;
+  out.weights = std::make_shared<CausalVaeWeights>();
+  out.built = build_model(cls, source, parallel::TpContext{}, build, [&](ModelBuilder& b) {
+    conv_load.bytes_dropped = 0;  // counted in the loading pass only
+    *out.weights = declare_causal_vae(layout, b, conv_load);
+  });
+  out.weights->attention_chunk = attention_chunk;
+  nn::log_sdpa_attention(cls, options.device, checkpoint::parse_compute_dtype(compute_dtype, "dtype"), 1,
+                         layout.decoder_top(), false, attention_chunk);
+  return out;
+}
+
+void check_causal_encoder_sides(int64_t height, int64_t width, int64_t downsamplers, const char* what) {
+  for (int64_t side : {height, width}) {
+    int64_t s = side;
+    for (int64_t i = 0; i < downsamplers; ++i, s = (s + 1) / 2) {
+      if (s < 2) {
+        throw RequestError(fmt::format("input 'image': a side of {} px (of the {} or of one of its tiles) is "
+                                       "too small for the encoder's {} downsamplings, each of which needs at "
+                                       "least 2 px (give at least {} px per side)",
+                                       side, what, downsamplers, (int64_t{1} << (downsamplers - 1)) + 1),
+                           true);
+      }
+    }
+  }
 }
 
 }  // namespace tprun::models

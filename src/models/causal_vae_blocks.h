@@ -43,6 +43,7 @@
 //   MidBlock: resnets.0, attentions.0, resnets.1
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,26 @@ CausalResampleWeights declare_causal_resample(ModelBuilder& b, const std::string
 // norm_out, conv_out), quant_conv, post_quant_conv, decoder (conv_in,
 // mid_block, up_blocks, norm_out, conv_out). All replicated.
 CausalVaeWeights declare_causal_vae(const CausalVaeLayout& layout, ModelBuilder& b, CausalConvLoad& load);
+
+// A causal VAE `cls` of `layout` read from `source` as `build` says
+// (build_model over declare_causal_vae, `conv_load` as given, its
+// bytes_dropped counted in the loading pass only), the mid-block attentions
+// chunked by options.memory.attention_chunk (checked before any byte is
+// read) and logged in `compute_dtype` on options.device. The caller finishes
+// the load with built's table and bytes (less conv_load.bytes_dropped).
+struct CausalVaeBuild {
+  std::shared_ptr<CausalVaeWeights> weights;
+  BuiltModel built;
+};
+CausalVaeBuild build_causal_vae(const char* cls, checkpoint::WeightSource& source, const CausalVaeLayout& layout,
+                                const BuildOptions& build, const ModelOptions& options,
+                                const std::string& compute_dtype, CausalConvLoad& conv_load);
+
+// The encoder's side check: each of its `downsamplers` pads one row / column
+// and runs a 3x3 conv at stride 2, which needs 2 px or more (diffusers'
+// encoder fails below that as well). RequestError naming input 'image' and
+// `what` ("image" / "video": what the side belongs to, or one of its tiles).
+void check_causal_encoder_sides(int64_t height, int64_t width, int64_t downsamplers, const char* what);
 
 // Forwards over [B, C, H, W] (the one frame); causal_rms_norm also over
 // [B, C, T, H, W].

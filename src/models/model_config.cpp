@@ -109,6 +109,13 @@ int64_t config_positive(const nlohmann::json& c, const std::string& field, const
   return check_positive(config_int_or_null(c, field, path).value_or(fallback), field, path, max);
 }
 
+int64_t config_out_channels(const nlohmann::json& c, const std::string& path, int64_t in_channels) {
+  if (!c.contains("out_channels")) return 16;
+  const std::optional<int64_t> v = config_int_or_null(c, "out_channels", path);
+  if (!v || *v == 0) return in_channels;
+  return config_positive(c, "out_channels", path, in_channels, kMaxConfigWidth);
+}
+
 int64_t config_positive_required(const nlohmann::json& c, const std::string& field, const std::string& path,
                                  int64_t max) {
   return check_positive(config_int(c, field, path), field, path, max);

@@ -57,6 +57,10 @@ int64_t config_int(const nlohmann::json& config, const std::string& field, const
 // A positive integer field, at most `max`; `fallback` when absent or null.
 int64_t config_positive(const nlohmann::json& config, const std::string& field, const std::string& config_path,
                         int64_t fallback, int64_t max = kMaxConfigDim);
+// out_channels as diffusers' transformers read it, `out_channels or
+// in_channels`: 16 when the field is absent, in_channels when null or 0, else
+// positive and at most kMaxConfigWidth (Qwen-Image's and Wan's transformers).
+int64_t config_out_channels(const nlohmann::json& config, const std::string& config_path, int64_t in_channels);
 // A required positive integer field, at most `max`.
 int64_t config_positive_required(const nlohmann::json& config, const std::string& field,
                                  const std::string& config_path, int64_t max = kMaxConfigDim);

@@ -43,15 +43,6 @@ void refuse_variant_flags(const nlohmann::json& c, const std::string& path) {
   }
 }
 
-// out_channels as diffusers reads it: `out_channels or in_channels` with a
-// default of 16 when the field is absent.
-int64_t out_channels_of(const nlohmann::json& c, const std::string& path, int64_t in_channels) {
-  if (!c.contains("out_channels")) return 16;
-  const std::optional<int64_t> v = config_int_or_null(c, "out_channels", path);
-  if (!v || *v == 0) return in_channels;
-  return config_positive(c, "out_channels", path, in_channels, kMaxConfigWidth);
-}
-
 // Bounds of one image shape entry (RoPE tables: frames 0 .. 4095, rows and
 // columns -4096 .. 4095).
 constexpr int64_t kMaxFrames = kQwenRopePositions;
@@ -139,7 +130,7 @@ QwenImageConfig QwenImageConfig::from_json(const nlohmann::json& c, const std::s
   f.head_dim = config_positive(c, "attention_head_dim", path, f.head_dim, kMaxConfigWidth);
   (void)config_product(path, {{"num_attention_heads", f.heads}, {"attention_head_dim", f.head_dim}}, kMaxConfigWidth);
   f.in_channels = config_positive(c, "in_channels", path, f.in_channels, kMaxConfigWidth);
-  f.out_channels = out_channels_of(c, path, f.in_channels);
+  f.out_channels = config_out_channels(c, path, f.in_channels);
   f.patch = config_positive(c, "patch_size", path, f.patch, 64);
   (void)config_product(path, {{"out_channels", f.out_channels}, {"patch_size", f.patch}, {"patch_size", f.patch}},
                        kMaxConfigWidth);

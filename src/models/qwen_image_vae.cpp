@@ -18,63 +18,28 @@
 #include "models/nn_ops.h"
 #include "models/causal_vae_blocks.h"
 #include "models/causal_vae_config.h"
+#include "models/causal_vae_tiling.h"
 #include "models/vae_tiling.h"
 #include "runtime/error.h"
 
 namespace tprun::models {
 
-namespace {
-
-constexpr size_t kMaxLevels = 16;
-// diffusers' enable_tiling defaults (pixels).
-constexpr int64_t kDefaultTile = 256;
-
-}  // namespace
-
 int64_t QwenImageVaeConfig::encoder_dim(size_t i) const { return i == 0 ? base_dim : base_dim * dim_mult.at(i - 1); }
 
 QwenImageVaeConfig QwenImageVaeConfig::from_json(const nlohmann::json& c, const std::string& path,
                                                  const TensorCensus* census) {
-  if (!c.is_object()) throw CheckpointError(fmt::format("{}: config must be a JSON object", path));
-  const std::string cls = config_class(c);
-  if (!cls.empty() && cls != QwenImageVae::kClass) {
-    throw CheckpointError(fmt::format("{}: _class_name '{}' is not {}", path, clip_text(cls), QwenImageVae::kClass));
-  }
+  check_vae_class(c, path, QwenImageVae::kClass);
   QwenImageVaeConfig v;
   v.base_dim = config_positive(c, "base_dim", path, v.base_dim, kMaxConfigWidth);
   v.z_dim = config_positive(c, "z_dim", path, v.z_dim, 4096);
   v.input_channels = config_positive(c, "input_channels", path, v.input_channels, 64);
-  v.dim_mult = config_int_list_or(c, "dim_mult", path, v.dim_mult, kMaxLevels, kMaxConfigWidth);
-  if (v.dim_mult.empty()) throw CheckpointError(fmt::format("{}: field 'dim_mult' must not be empty", path));
-  for (int64_t m : v.dim_mult) {
-    const int64_t ch = config_product(path, {{"base_dim", v.base_dim}, {"dim_mult entry", m}}, kMaxConfigWidth);
-    if (ch < 2) {
-      throw CheckpointError(fmt::format("{}: base_dim {} x dim_mult entry {} = {} channels; the decoder's "
-                                        "upsamplers halve a level's channels, so each level needs at least 2",
-                                        path, v.base_dim, m, ch));
-    }
-  }
+  v.dim_mult = vae_dim_mult(c, path, v.dim_mult, {{"base_dim", v.base_dim}});
   const size_t n = v.dim_mult.size();
-  v.temperal_downsample = vae_bool_list(c, "temperal_downsample", path, v.temperal_downsample);
-  if (v.temperal_downsample.size() != n - 1) {
-    throw CheckpointError(fmt::format("{}: field 'temperal_downsample' has {} entries but dim_mult has {} levels "
-                                      "(one entry per downsampling: {})",
-                                      path, v.temperal_downsample.size(), n, n - 1));
-  }
-  // The decoder holds num_res_blocks + 1 resnets per level (a checkpoint may hold the encoder alone).
-  const bool census_decoder = census != nullptr && census->blocks("decoder.up_blocks") > 0;
-  v.num_res_blocks = config_block_count(c, "num_res_blocks", path, v.num_res_blocks, census_decoder ? census : nullptr,
-                                        {"decoder.up_blocks.0.resnets"}, 1, 1, 64);
-  if (census_decoder && census->blocks("decoder.up_blocks") < static_cast<int64_t>(n)) {
-    throw CheckpointError(fmt::format("{}: field 'dim_mult' lists {} levels but {} holds {} 'decoder.up_blocks.<i>'",
-                                      path, n, census->source(), census->blocks("decoder.up_blocks")));
-  }
+  v.temperal_downsample = vae_temperal_downsample(c, path, v.temperal_downsample, n);
+  v.num_res_blocks = vae_num_res_blocks(c, path, v.num_res_blocks, census, n);
   v.attn_scales = vae_number_list(c, "attn_scales", path, {});
   check_vae_attn_scales(v.attn_scales, n, path, "QwenImageEncoder3d");
-  v.dropout = config_number_or(c, "dropout", path, 0.0);
-  if (!(v.dropout >= 0 && v.dropout < 1)) {
-    throw CheckpointError(fmt::format("{}: field 'dropout' = {} must be in [0, 1)", path, v.dropout));
-  }
+  v.dropout = vae_dropout(c, path);
   v.latents_mean = vae_latent_stats(c, "latents_mean", path, wan21_latents_mean(), v.z_dim, false);
   v.latents_std = vae_latent_stats(c, "latents_std", path, wan21_latents_std(), v.z_dim, true);
   return v;
@@ -107,22 +72,10 @@ ModelTable QwenImageVae::table_for(const QwenImageVaeConfig& config, const Model
 
 namespace {
 
-// The Vae facts of `config`: decoder channels base_dim x reversed(dim_mult)
-// (lowest resolution first, as the memory estimate counts them), tiles of
-// 256 px by default, temporal scale 1 (tprun decodes single frames), no
-// upcast, latents with a frame axis.
+// The Vae facts of `config` (causal_vae_info): temporal scale 1 (tprun
+// decodes single frames).
 VaeInfo info_of(const QwenImageVaeConfig& config) {
-  VaeInfo info;
-  info.cls = QwenImageVae::kClass;
-  info.latent_channels = config.z_dim;
-  info.spatial_scale = config.scale_factor();
-  info.default_tile_sample = kDefaultTile;
-  for (auto it = config.dim_mult.rbegin(); it != config.dim_mult.rend(); ++it) {
-    info.decoder_channels.push_back(config.base_dim * *it);
-  }
-  info.sample_channels = config.input_channels;
-  info.frame_axis = true;
-  return info;
+  return causal_vae_info(QwenImageVae::kClass, layout_of(config), 1);
 }
 
 }  // namespace
@@ -131,8 +84,7 @@ QwenImageVae::QwenImageVae(QwenImageVaeConfig config, const ModelOptions& option
     : config_(std::move(config)) {
   init_vae(info_of(config_), options);
   // Tiles (diffusers' enable_tiling defaults: 256 px at a stride of 192 = 256 x (1 - 0.25)).
-  tile_stride_ = static_cast<int64_t>(static_cast<double>(tile_sample_size()) * (1 - tile_overlap()));
-  if (tiling()) check_vae_tile_stride(tile_sample_size(), tile_overlap(), config_.scale_factor(), config_path);
+  tiles_ = CausalVaeTiling::of(tiling(), tile_sample_size(), tile_overlap(), config_.scale_factor(), config_path);
 }
 
 std::unique_ptr<QwenImageVae> QwenImageVae::load(checkpoint::WeightSource& source, const nlohmann::json& config,
@@ -141,23 +93,14 @@ std::unique_ptr<QwenImageVae> QwenImageVae::load(checkpoint::WeightSource& sourc
   const TensorCensus census = census_of(source);
   std::unique_ptr<QwenImageVae> m(
       new QwenImageVae(QwenImageVaeConfig::from_json(config, config_path, &census), options, config_path));
-  const QwenImageVaeConfig& cfg = m->config_;
   const memory::MemoryOptions& mem = options.memory;
-  const int64_t attention_chunk = nn::checked_attention_chunk(mem.attention_chunk);
   // Keep only the used time tap when the weights are plainly resident.
   CausalConvLoad conv_load;
   conv_load.last_tap_only = mem.layerwise_storage.empty() && !mem.offload.enabled() && !mem.device_mapped();
-  auto w = std::make_shared<CausalVaeWeights>();
-  BuiltModel built = build_model(kClass, source, parallel::TpContext{}, m->part_build_options(options),
-                                 [&](ModelBuilder& b) {
-                                   conv_load.bytes_dropped = 0;  // counted in the loading pass only
-                                   *w = declare_causal_vae(layout_of(cfg), b, conv_load);
-                                 });
-  w->attention_chunk = attention_chunk;
-  nn::log_sdpa_attention(kClass, options.device, checkpoint::parse_compute_dtype(m->compute_dtype(), "dtype"), 1,
-                         cfg.encoder_dim(cfg.dim_mult.size()), false, attention_chunk);
-  m->finish_load(std::move(built.table), built.bytes_read, built.bytes_stored - conv_load.bytes_dropped);
-  m->w_ = std::move(w);
+  CausalVaeBuild b = build_causal_vae(kClass, source, layout_of(m->config_), m->part_build_options(options), options,
+                                      m->compute_dtype(), conv_load);
+  m->finish_load(std::move(b.built.table), b.built.bytes_read, b.built.bytes_stored - conv_load.bytes_dropped);
+  m->w_ = std::move(b.weights);
   return m;
 }
 
@@ -165,11 +108,11 @@ std::unique_ptr<QwenImageVae> QwenImageVae::load(checkpoint::WeightSource& sourc
 // tile's decode and the crop, shared by decode_images and tiled_decode.
 std::optional<QwenImageVae::TiledDecode> QwenImageVae::tiles_of(const at::Tensor& z) const {
   const int64_t sf = config_.scale_factor();
-  const int64_t tile = tile_sample_size() / sf;
-  if (!tiling() || (z.size(2) <= tile && z.size(3) <= tile)) return std::nullopt;
+  const std::optional<VaeTileGrid> grid = tiles_.decode_grid(z);
+  if (!grid) return std::nullopt;
   TiledDecode t;
   t.input = z;
-  t.grid = VaeTileGrid{tile, tile_stride_ / sf, tile_sample_size() - tile_stride_, tile_stride_};
+  t.grid = *grid;
   t.tile = [this](const at::Tensor& latents) { return decode_frame(latents, nullptr); };
   const int64_t height = z.size(2) * sf, width = z.size(3) * sf;
   t.finish = [height, width](const at::Tensor& blended) { return blended.slice(2, 0, height).slice(3, 0, width); };
@@ -218,33 +161,12 @@ at::Tensor QwenImageVae::decode_frame(const at::Tensor& z_in, Trace* trace) cons
 }
 
 at::Tensor QwenImageVae::encode_images(const at::Tensor& x, Trace* trace) const {
-  const int64_t sf = config_.scale_factor();
-  const int64_t tile = tile_sample_size();
-  if (tiling() && (x.size(2) > tile || x.size(3) > tile)) {
-    const int64_t stride = tile_stride_ / sf;
-    const VaeTileGrid grid{tile, tile_stride_, tile / sf - stride, stride};
-    const at::Tensor out = tiled_apply_grid(x, grid, [&](const at::Tensor& t) { return encode_moments(t, nullptr); });
-    return out.slice(2, 0, x.size(2) / sf).slice(3, 0, x.size(3) / sf);
-  }
-  return encode_moments(x, trace);
+  return tiles_.encode(x, trace, [this](const at::Tensor& t, Trace* tr) { return encode_moments(t, tr); });
 }
 
 at::Tensor QwenImageVae::encode_moments(const at::Tensor& image, Trace* trace) const {
-  // Each downsampler pads one row / column and runs a 3x3 conv at stride 2: it
-  // needs 2 px or more (diffusers' encoder fails below that as well).
-  const int64_t downsamplers = static_cast<int64_t>(config_.temperal_downsample.size());
-  for (int64_t side : {image.size(2), image.size(3)}) {
-    int64_t s = side;
-    for (int64_t i = 0; i < downsamplers; ++i, s = (s + 1) / 2) {
-      if (s < 2) {
-        throw RequestError(fmt::format("input 'image': a side of {} px (of the image or of one of its tiles) is "
-                                       "too small for the encoder's {} downsamplings, each of which needs at "
-                                       "least 2 px (give at least {} px per side)",
-                                       side, downsamplers, (int64_t{1} << (downsamplers - 1)) + 1),
-                           true);
-      }
-    }
-  }
+  check_causal_encoder_sides(image.size(2), image.size(3), static_cast<int64_t>(config_.temperal_downsample.size()),
+                             "image");
   const CausalEncoderWeights& e = w_->encoder;
   auto record = [&](const std::string& name, const at::Tensor& t) {
     if (trace) trace->emplace_back(name, t.unsqueeze(2));
@@ -271,20 +193,14 @@ at::Tensor QwenImageVae::encode_moments(const at::Tensor& image, Trace* trace) c
 at::Tensor QwenImageVae::latents_mean() const { return latent_stats_tensor(config_.latents_mean); }
 at::Tensor QwenImageVae::latents_std() const { return latent_stats_tensor(config_.latents_std); }
 
-std::pair<at::Tensor, at::Tensor> QwenImageVae::stats_for(const at::Tensor& z) const {
-  // As QwenImagePipeline: fp32 statistics from the config's numbers, then z's
-  // device and dtype, the reciprocal taken there.
-  return latent_stats_for(z, config_.latents_mean, config_.latents_std, kClass);
-}
-
+// As QwenImagePipeline: fp32 statistics from the config's numbers, then z's
+// device and dtype, the reciprocal taken there (latent_stats_for).
 at::Tensor QwenImageVae::denormalize(const at::Tensor& z) const {
-  const auto [mean, inv_std] = stats_for(z);
-  return z / inv_std + mean;
+  return denormalize_latents(z, config_.latents_mean, config_.latents_std, kClass);
 }
 
 at::Tensor QwenImageVae::normalize(const at::Tensor& z) const {
-  const auto [mean, inv_std] = stats_for(z);
-  return (z - mean) * inv_std;
+  return normalize_latents(z, config_.latents_mean, config_.latents_std, kClass);
 }
 
 TPRUN_REGISTER_MODEL(QwenImageVae, QwenImageVaeConfig);

@@ -22,7 +22,7 @@
 // conv of its last time tap (causal_vae_blocks.h says why).
 //
 // Slicing and tiling are diffusers' (enable_slicing / enable_tiling of this
-// class, which differ from AutoencoderKL's): tiles of tile_sample_min pixels
+// class, which differ from AutoencoderKL's; causal_vae_tiling.h): tiles of tile_sample_min pixels
 // (default 256, or MemoryOptions::vae_tile_sample_size) at a stride of
 // tile_sample_stride = int(tile x (1 - vae_tile_overlap)) pixels (default 192);
 // latents: both divided (floor) by the spatial compression 2^len(temperal_downsample).
@@ -44,6 +44,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/causal_vae_tiling.h"
 #include "models/vae.h"
 
 namespace tprun::models {
@@ -117,7 +118,7 @@ class QwenImageVae final : public Vae {
   at::Tensor latents_mean() const;
   at::Tensor latents_std() const;
   // The tile stride in pixels: int(tile_sample_size() x (1 - vae_tile_overlap)).
-  int64_t tile_sample_stride() const { return tile_stride_; }
+  int64_t tile_sample_stride() const { return tiles_.stride; }
 
  private:
   // A QwenImageVae of `config` whose weights load() reads next; ConfigError for its tiles.
@@ -135,12 +136,9 @@ class QwenImageVae final : public Vae {
   // (unclamped) and the [mean, logvar] moments.
   at::Tensor decode_frame(const at::Tensor& z, Trace* trace) const;
   at::Tensor encode_moments(const at::Tensor& image, Trace* trace) const;
-  // {mean, 1 / std} in z's dtype on z's device, each [1, z_dim, 1, 1, 1];
-  // RequestError naming 'z' unless z is [B, z_dim, F, h, w].
-  std::pair<at::Tensor, at::Tensor> stats_for(const at::Tensor& z) const;
 
   QwenImageVaeConfig config_;
-  int64_t tile_stride_ = 192;
+  CausalVaeTiling tiles_;
   std::shared_ptr<const CausalVaeWeights> w_;
 };
 

@@ -43,14 +43,6 @@ void refuse_variant_fields(const nlohmann::json& c, const std::string& path) {
   }
 }
 
-// out_channels as diffusers reads it: `out_channels or in_channels`, 16 when absent.
-int64_t out_channels_of(const nlohmann::json& c, const std::string& path, int64_t in_channels) {
-  if (!c.contains("out_channels")) return 16;
-  const std::optional<int64_t> v = config_int_or_null(c, "out_channels", path);
-  if (!v || *v == 0) return in_channels;
-  return config_positive(c, "out_channels", path, in_channels, kMaxConfigWidth);
-}
-
 // A patch side larger than any Wan model's (1, 2, 2) by far, small enough that
 // no product of the three with a channel count can overflow.
 constexpr int64_t kMaxPatch = 64;
@@ -122,7 +114,7 @@ WanTransformerConfig WanTransformerConfig::from_json(const nlohmann::json& c, co
   }
   (void)config_product(path, {{"num_attention_heads", f.heads}, {"attention_head_dim", f.head_dim}}, kMaxConfigWidth);
   f.in_channels = config_positive(c, "in_channels", path, f.in_channels, kMaxConfigWidth);
-  f.out_channels = out_channels_of(c, path, f.in_channels);
+  f.out_channels = config_out_channels(c, path, f.in_channels);
   const auto& p = f.patch_size;
   (void)config_product(path, {{"in_channels", f.in_channels}, {"patch_size", p[0] * p[1] * p[2]}}, kMaxConfigWidth);
   (void)config_product(path, {{"out_channels", f.out_channels}, {"patch_size", p[0] * p[1] * p[2]}}, kMaxConfigWidth);

@@ -17,7 +17,7 @@
 //           [B, 2 z_dim, 1 + k, h, w]; std = exp(0.5 clamp(logvar, -30, 20))
 //
 // Slicing and tiling are diffusers' enable_slicing / enable_tiling of this
-// class: slicing decodes / encodes the batch one video at a time; tiles are
+// class (the tiles: causal_vae_tiling.h, shared with QwenImageVae): slicing decodes / encodes the batch one video at a time; tiles are
 // spatial and span every frame of the video (each tile its own feature
 // cache), tile_sample_min 256 px (or MemoryOptions::vae_tile_sample_size) at
 // a stride of int(tile x (1 - vae_tile_overlap)) px (192 by default), the
@@ -39,6 +39,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/causal_vae_tiling.h"
 #include "models/vae.h"
 
 namespace tprun::models {
@@ -117,7 +118,7 @@ class WanVae final : public Vae {
 
   const WanVaeConfig& config() const { return config_; }
   // The tile stride in pixels: int(tile_sample_size() x (1 - vae_tile_overlap)).
-  int64_t tile_sample_stride() const { return tile_stride_; }
+  int64_t tile_sample_stride() const { return tiles_.stride; }
 
  private:
   WanVae(WanVaeConfig config, const ModelOptions& options, const std::string& config_path);
@@ -134,7 +135,7 @@ class WanVae final : public Vae {
   at::Tensor encode_untiled(const at::Tensor& x, Trace* trace) const;
 
   WanVaeConfig config_;
-  int64_t tile_stride_ = 192;
+  CausalVaeTiling tiles_;
   std::shared_ptr<const CausalVaeWeights> w_;
 };
 

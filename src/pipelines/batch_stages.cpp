@@ -200,4 +200,17 @@ void warn_truncated(const GenerationRequest& request, const char* field, const s
                cut == 1 ? "" : "s");
 }
 
+void warn_max_sequence_truncated(const GenerationRequest& request, const char* field, int64_t max_sequence_length,
+                                 const models::TensorMap& encoded, const std::string& key, bool leader) {
+  warn_truncated(request, field, fmt::format("`max_sequence_length` is set to {} tokens", max_sequence_length),
+                 tokens_cut(encoded, key), leader);
+}
+
+at::Tensor stack_text(const std::vector<models::TensorMap>& per_request, const std::string& name,
+                      const std::string& prefix) {
+  std::vector<at::Tensor> tensors;
+  for (const auto& m : per_request) tensors.push_back(m.at(name));
+  return stack_batch(tensors, (prefix + name).c_str());
+}
+
 }  // namespace tprun::pipelines

@@ -111,5 +111,16 @@ int64_t tokens_cut(const models::TensorMap& embeds, const std::string& key);
 // reason ("`max_sequence_length` is set to 512 tokens").
 void warn_truncated(const GenerationRequest& request, const char* field, const std::string& because, int64_t cut,
                     bool leader);
+// warn_truncated because "`max_sequence_length` is set to N tokens", with
+// the tokens cut that an encode noted under `key` (note_tokens_cut) in
+// `encoded`: FLUX.1's T5, FLUX.2's and Wan's prompts alike.
+void warn_max_sequence_truncated(const GenerationRequest& request, const char* field, int64_t max_sequence_length,
+                                 const models::TensorMap& encoded, const std::string& key, bool leader);
+
+// Each request's `name` tensor as one batch (stack_batch), named
+// prefix + name in messages ("negative_prompt_embeds"): the text inputs a
+// conditioner's batch gives the transformer.
+at::Tensor stack_text(const std::vector<models::TensorMap>& per_request, const std::string& name,
+                      const std::string& prefix);
 
 }  // namespace tprun::pipelines

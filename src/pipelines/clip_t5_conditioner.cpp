@@ -57,8 +57,7 @@ void ClipT5Conditioner::add_carried(models::TensorMap& out) const {
 
 void ClipT5Conditioner::warn_truncation(const GenerationRequest& q, const char* field, int64_t max_sequence_length,
                                         const models::TensorMap& e, bool leader) const {
-  warn_truncated(q, field, fmt::format("`max_sequence_length` is set to {} tokens", max_sequence_length),
-                 tokens_cut(e, "t5_tokens_cut"), leader);
+  warn_max_sequence_truncated(q, field, max_sequence_length, e, "t5_tokens_cut", leader);
   const int64_t clip_cut = tokens_cut(e, "clip_tokens_cut");
   if (clip_cut <= 0) return;
   const auto carried = e.find("clip_max_length");
@@ -70,14 +69,9 @@ void ClipT5Conditioner::warn_truncation(const GenerationRequest& q, const char* 
 
 models::TensorMap ClipT5Conditioner::batch(const std::vector<models::TensorMap>& per_request,
                                            const std::string& prefix) const {
-  std::vector<at::Tensor> embeds, pooled;
-  for (const auto& m : per_request) {
-    embeds.push_back(m.at("prompt_embeds"));
-    pooled.push_back(m.at("pooled_prompt_embeds"));
-  }
   models::TensorMap in;
-  in["encoder_hidden_states"] = stack_batch(embeds, (prefix + "prompt_embeds").c_str());
-  in["pooled_projections"] = stack_batch(pooled, (prefix + "pooled_prompt_embeds").c_str());
+  in["encoder_hidden_states"] = stack_text(per_request, "prompt_embeds", prefix);
+  in["pooled_projections"] = stack_text(per_request, "pooled_prompt_embeds", prefix);
   return in;
 }
 

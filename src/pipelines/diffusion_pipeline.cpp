@@ -327,16 +327,15 @@ std::unique_ptr<Pipeline::InFlight> DiffusionPipeline::start_batch(const std::ve
   rethrow_generation_failure(ctx_.tp);  // an allocation failure as a request error
 }
 
-// 3. Denoising: the steps of `stage`, each step's transformer (and CFG scale) as the family says.
+// 3. Denoising: the steps of `stage`, each step's transformer (and CFG scale) as the family says. The last
+//    weight stage runs every step left: with its weights resident (one weight stage) a two-expert family's
+//    stage 0 is the whole schedule, as a job runs it (one advance_batch per weight stage).
 void DiffusionPipeline::advance_batch(InFlight& batch, int64_t stage) const try {
   auto& b = dynamic_cast<BatchRun&>(batch);
   const std::vector<float>& timesteps = b.scheduler->timesteps();
   const int64_t n = static_cast<int64_t>(timesteps.size());
-  int64_t end = b.next_step;
-  // The last stage whose weights are held apart runs every step left: with
-  // both experts resident (one weight stage) a job's one advance_batch runs
-  // the high- and the low-noise steps.
   const bool last = stage + 1 >= weight_stages();
+  int64_t end = b.next_step;
   while (end < n && (last || step_stage(timesteps[static_cast<size_t>(end)]) <= stage)) ++end;
   if (end == b.next_step) return;
   hold_stage(stage);

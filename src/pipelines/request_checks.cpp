@@ -81,7 +81,10 @@ void check_request_frames(const GenerationRequest& r, const RequestOptions& o, c
     }
     return;
   }
-  if (f > o.max_frames) fail("frames", fmt::format("{} is beyond {}'s limit of {} frames", f, o.cls, o.max_frames));
+  if (f > o.max_frames) {
+    fail("frames", fmt::format("{} is beyond {}'s limit of {} frames{}", f, o.cls, o.max_frames,
+                               o.max_frames_reason.empty() ? std::string() : " (" + o.max_frames_reason + ")"));
+  }
   if (o.frame_multiple > 1 && (f - 1) % o.frame_multiple != 0) {
     fail("frames", fmt::format("{} is not {} x k + 1 frames, which {} takes ({}); try {} or {}", f, o.frame_multiple,
                                o.cls, o.frame_multiple_reason, (f - 1) / o.frame_multiple * o.frame_multiple + 1,

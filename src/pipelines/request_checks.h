@@ -32,6 +32,7 @@ struct RequestOptions {
   // compresses time, the step between frame counts: frames - 1 must be a
   // multiple of frame_multiple (Wan: 4, so 4k + 1 frames).
   int64_t max_frames = 1;
+  std::string max_frames_reason;        // why, where a folder's config (not kMaxFrames) sets max_frames
   int64_t frame_multiple = 1;
   std::string frame_multiple_reason;    // why, where frame_multiple > 1
   // Frames per second of its videos when a request leaves `fps` unset (a

@@ -67,16 +67,13 @@ models::TensorMap WanConditioner::encode(const std::string& prompt, int64_t max_
 
 void WanConditioner::warn_truncation(const GenerationRequest& q, const char* field, int64_t max_sequence_length,
                                      const models::TensorMap& e, bool leader) const {
-  warn_truncated(q, field, fmt::format("`max_sequence_length` is set to {} tokens", max_sequence_length),
-                 tokens_cut(e, "tokens_cut"), leader);
+  warn_max_sequence_truncated(q, field, max_sequence_length, e, "tokens_cut", leader);
 }
 
 models::TensorMap WanConditioner::batch(const std::vector<models::TensorMap>& per_request,
                                         const std::string& prefix) const {
-  std::vector<at::Tensor> embeds;
-  for (const auto& m : per_request) embeds.push_back(m.at("prompt_embeds"));
   models::TensorMap in;
-  in["encoder_hidden_states"] = stack_batch(embeds, (prefix + "prompt_embeds").c_str());
+  in["encoder_hidden_states"] = stack_text(per_request, "prompt_embeds", prefix);
   return in;
 }
 

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "checkpoint/pipeline_folder.h"
 #include "checkpoint/torch_dtype.h"
@@ -100,11 +101,18 @@ void wan_cross_check(const ComponentConfigs& c) {
   }
   if (c.has("transformer_2")) {
     const auto t2 = c.parse<models::WanTransformerConfig>("transformer_2");
-    if (t2.in_channels != t.in_channels || t2.out_channels != t.out_channels || t2.text_dim != t.text_dim ||
-        t2.patch_size != t.patch_size) {
-      throw CheckpointError(fmt::format("{}: transformer_2 must take the latents and text transformer takes "
-                                        "(in_channels, out_channels, text_dim, patch_size as {})",
-                                        c.at("transformer_2").path, transformer),
+    // transformer_2 takes the latents and text transformer takes: the first key that differs is named.
+    const std::pair<const char*, std::pair<std::string, std::string>> keys[] = {
+        {"in_channels", {std::to_string(t2.in_channels), std::to_string(t.in_channels)}},
+        {"out_channels", {std::to_string(t2.out_channels), std::to_string(t.out_channels)}},
+        {"text_dim", {std::to_string(t2.text_dim), std::to_string(t.text_dim)}},
+        {"patch_size", {fmt::format("[{}]", fmt::join(t2.patch_size, ", ")),
+                        fmt::format("[{}]", fmt::join(t.patch_size, ", "))}}};
+    for (const auto& [key, values] : keys) {
+      if (values.first == values.second) continue;
+      throw CheckpointError(fmt::format("{}: {} {} is not transformer's {} ({}): both experts of a WanPipeline take "
+                                        "the same latents and text",
+                                        c.at("transformer_2").path, key, values.first, values.second, transformer),
                             true);
     }
   }
@@ -142,6 +150,10 @@ RequestOptions wan_request_options(const checkpoint::PipelineFolder& pf) {
                                         o.frame_multiple, vae_path);
   // The RoPE table covers rope_max_seq_len positions on the time axis.
   o.max_frames = std::min<int64_t>(kMaxFrames, (t.rope_max_seq_len - 1) * o.frame_multiple + 1);
+  if (o.max_frames < kMaxFrames) {
+    o.max_frames_reason = fmt::format("{}: rope_max_seq_len {} covers {} latent frames", t_path, t.rope_max_seq_len,
+                                      t.rope_max_seq_len);
+  }
   o.default_fps = 16;
   o.accepts_guidance_2 = boundary_ratio(pf).has_value();  // the second expert's scale
   add_scheduler_request_options(pf, o);

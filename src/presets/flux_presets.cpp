@@ -7,6 +7,7 @@
 
 #include "text/bpe_trainer.h"
 #include "presets/preset_registry.h"
+#include "presets/t5_encoder_config.h"
 #include "presets/tokenizer_files.h"
 #include "runtime/error.h"
 
@@ -91,32 +92,13 @@ json clip_config(const FluxPreset& p, int64_t clip_vocab_size) {
 }
 
 json t5_config(const FluxPreset& p, int64_t t5_tokenizer_length) {
-  return {{"architectures", json::array({"T5EncoderModel"})},
-          {"classifier_dropout", 0.0},
-          {"d_ff", p.t5_d_ff},
-          {"d_kv", p.t5_d_kv},
-          {"d_model", p.t5_d_model},
-          {"decoder_start_token_id", 0},
-          {"dense_act_fn", "gelu_new"},
-          {"dropout_rate", 0.1},
-          {"dtype", "float32"},
-          {"eos_token_id", 1},
-          {"feed_forward_proj", "gated-gelu"},
-          {"initializer_factor", 1.0},
-          {"is_encoder_decoder", false},
-          {"is_gated_act", true},
-          {"layer_norm_epsilon", 1e-06},
-          {"model_type", "t5"},
-          {"num_decoder_layers", p.t5_layers},
-          {"num_heads", p.t5_heads},
-          {"num_layers", p.t5_layers},
-          {"pad_token_id", 0},
-          {"relative_attention_max_distance", 128},
-          {"relative_attention_num_buckets", 32},
-          {"tie_word_embeddings", false},
-          {"transformers_version", kTransformersVersion},
-          {"use_cache", false},
-          {"vocab_size", round_up(t5_tokenizer_length, 64)}};
+  return t5_encoder_config({"t5", p.t5_d_model, p.t5_d_ff, p.t5_d_kv, p.t5_heads, p.t5_layers,
+                            round_up(t5_tokenizer_length, 64)},
+                           {{"architectures", json::array({"T5EncoderModel"})},
+                            {"is_encoder_decoder", false},
+                            {"tie_word_embeddings", false},
+                            {"transformers_version", kTransformersVersion},
+                            {"use_cache", false}});
 }
 
 }  // namespace

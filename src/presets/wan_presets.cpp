@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "presets/preset_registry.h"
+#include "presets/t5_encoder_config.h"
 #include "presets/tokenizer_files.h"
 #include "presets/umt5_tokenizer_files.h"
 #include "runtime/error.h"
@@ -81,36 +82,16 @@ json vae_config(const WanPreset& p) {
 // (the hub's extra keys output_past, scalable_attention, tokenizer_class kept;
 // 5.17 writes tie_word_embeddings true and saves only shared.weight).
 json umt5_config(const WanPreset& p, int64_t vocab_size) {
-  return {{"architectures", json::array({"UMT5EncoderModel"})},
-          {"classifier_dropout", 0.0},
-          {"d_ff", p.text_d_ff},
-          {"d_kv", p.text_d_kv},
-          {"d_model", p.text_d_model},
-          {"decoder_start_token_id", 0},
-          {"dense_act_fn", "gelu_new"},
-          {"dropout_rate", 0.1},
-          {"dtype", "float32"},
-          {"eos_token_id", 1},
-          {"feed_forward_proj", "gated-gelu"},
-          {"initializer_factor", 1.0},
-          {"is_decoder", false},
-          {"is_encoder_decoder", true},
-          {"is_gated_act", true},
-          {"layer_norm_epsilon", 1e-06},
-          {"model_type", "umt5"},
-          {"num_decoder_layers", p.text_layers},
-          {"num_heads", p.text_heads},
-          {"num_layers", p.text_layers},
-          {"output_past", true},
-          {"pad_token_id", 0},
-          {"relative_attention_max_distance", 128},
-          {"relative_attention_num_buckets", 32},
-          {"scalable_attention", true},
-          {"tie_word_embeddings", true},
-          {"tokenizer_class", "T5Tokenizer"},
-          {"transformers_version", "5.17.0"},
-          {"use_cache", true},
-          {"vocab_size", vocab_size}};
+  return t5_encoder_config({"umt5", p.text_d_model, p.text_d_ff, p.text_d_kv, p.text_heads, p.text_layers, vocab_size},
+                           {{"architectures", json::array({"UMT5EncoderModel"})},
+                            {"is_decoder", false},
+                            {"is_encoder_decoder", true},
+                            {"output_past", true},
+                            {"scalable_attention", true},
+                            {"tie_word_embeddings", true},
+                            {"tokenizer_class", "T5Tokenizer"},
+                            {"transformers_version", "5.17.0"},
+                            {"use_cache", true}});
 }
 
 // UniPCMultistepScheduler as the Wan 2.1 / 2.2 T2V folders ship it, in the

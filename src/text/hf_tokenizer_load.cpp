@@ -42,16 +42,6 @@ const char* const kQwen2Pattern =
 // ByteLevel's built-in regex (tokenizers pre_tokenizers/byte_level.rs).
 const char* const kByteLevelPattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-json read_bounded_json(const fs::path& path, const std::string& what) {
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec) throw CheckpointError(fmt::format("{}: cannot be read ({})", path.string(), ec.message()));
-  if (static_cast<int64_t>(size) > HfTokenizerLimits::kMaxFileBytes)
-    throw CheckpointError(fmt::format("{}: {} bytes, above the limit of {} for a {}", path.string(), size,
-                                      HfTokenizerLimits::kMaxFileBytes, what));
-  return read_json_file(path.string(), what);
-}
-
 std::string read_text(const fs::path& path) {
   std::error_code ec;
   const auto size = fs::file_size(path, ec);

@@ -22,16 +22,6 @@ namespace {
 constexpr int64_t kUnkId = 2;  // T5Tokenizer: Unigram(vocab, unk_id=2)
 const char* const kMeta = "\xE2\x96\x81";  // "▁"
 
-json read_bounded_json(const fs::path& path, const std::string& what) {
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec) throw CheckpointError(fmt::format("{}: cannot be read ({})", path.string(), ec.message()));
-  if (static_cast<int64_t>(size) > HfTokenizerLimits::kMaxFileBytes)
-    throw CheckpointError(fmt::format("{}: {} bytes, above the limit of {} for a {}", path.string(), size,
-                                      HfTokenizerLimits::kMaxFileBytes, what));
-  return read_json_file(path.string(), what);
-}
-
 // Standard base64 (RFC 4648; padding optional). CheckpointError naming `what`.
 std::string base64_decode(const std::string& text, const std::string& what) {
   auto value = [&](char c) -> int {

@@ -9,6 +9,7 @@
 
 #include "runtime/error.h"
 #include "runtime/strict_json.h"
+#include "text/hf_bpe.h"
 
 namespace tprun::text {
 
@@ -178,6 +179,16 @@ nlohmann::json read_optional_json(const std::string& path, const std::string& wh
   nlohmann::json j = read_json_file(path, what);
   if (!j.is_object()) throw CheckpointError(fmt::format("{}: {} is not a JSON object", path, what));
   return j;
+}
+
+nlohmann::json read_bounded_json(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw CheckpointError(fmt::format("{}: cannot be read ({})", path, ec.message()));
+  if (static_cast<int64_t>(size) > HfTokenizerLimits::kMaxFileBytes)
+    throw CheckpointError(fmt::format("{}: {} bytes, above the limit of {} for a {}", path, size,
+                                      HfTokenizerLimits::kMaxFileBytes, what));
+  return read_json_file(path, what);
 }
 
 }  // namespace tprun::text

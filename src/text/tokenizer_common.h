@@ -41,6 +41,10 @@ struct TextPiece {
 // A tokenizer folder's optional JSON file (tokenizer_config.json, ...): an
 // empty object when absent; CheckpointError naming the file when not an object.
 nlohmann::json read_optional_json(const std::string& path, const std::string& what);
+// A tokenizer folder's JSON file (tokenizer.json, a chat template) of at most
+// HfTokenizerLimits::kMaxFileBytes (hf_bpe.h), its size checked before it is
+// read: CheckpointError naming the file otherwise.
+nlohmann::json read_bounded_json(const std::string& path, const std::string& what);
 
 // Reads "added_tokens_decoder" of a parsed tokenizer_config.json (`file`
 // names it in errors). Throws CheckpointError on malformed entries.

@@ -494,18 +494,26 @@ CASES = {"table": case_table, "forward": case_forward, "rope": case_rope, "hidde
          "layout": case_layout, "allreduce": case_allreduce, "validation": case_validation}
 
 
-def main():
+def run_main(cases):
+    """`SCRIPT TPRUN MPIRUN UNIT_TESTS [CASE ...]` of the text encoder parity scripts (this one,
+    qwen2_5_vl_parity.py, umt5_parity.py): sets TPRUN / MPIRUN / UNIT, runs the named cases of `cases`
+    (name -> function; all when none are named), timing each, and returns the exit status (1 when any
+    check() failed)."""
     global TPRUN, MPIRUN, UNIT
     TPRUN, MPIRUN, UNIT = sys.argv[1], sys.argv[2], sys.argv[3]
-    names = sys.argv[4:] or list(CASES)
+    names = sys.argv[4:] or list(cases)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     t_start = time.time()
     for name in names:
         t0 = time.time()
-        CASES[name]()
+        cases[name]()
         print(f"  [{name}] {time.time() - t0:.1f}s", flush=True)
     print(f"{'FAILED' if FAILURES else 'OK'}: {len(FAILURES)} failures ({time.time() - t_start:.1f}s)")
     return 1 if FAILURES else 0
+
+
+def main():
+    return run_main(CASES)
 
 
 if __name__ == "__main__":

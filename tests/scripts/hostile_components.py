@@ -51,8 +51,10 @@ def run(args, np_=1, timeout=300, env=None):
 
 
 def generate_args(folder, out, prompt="a red fox", extra=()):
+    """One small result: 64 x 64, 2 steps, one frame (what an image pipeline makes, and the one-frame video of
+    a video pipeline, whose default is many frames), so every family writes it to the same PNG."""
     return ["generate", "--model", folder, "--prompt", prompt, "--height", "64", "--width", "64", "--steps", "2",
-            "--out", out, *extra]
+            "--frames", "1", "--out", out, *extra]
 
 
 def tokenize_args(folder):

@@ -61,7 +61,7 @@ def write_manifest(work, name, model, body, requests=None):
     path = os.path.join(work, f"{name}.toml")
     with open(path, "w") as f:
         f.write(f'model = "{model}"\ndtype = "fp32"\nrequests = "{req}"\n\n[parallel]\ntp = 2\ndp = 1\n\n'
-                f'[defaults]\nheight = 64\nwidth = 64\nsteps = 2\n\n{body}\n[output]\n'
+                f'[defaults]\nheight = 64\nwidth = 64\nsteps = 2\nframes = 1\n\n{body}\n[output]\n'
                 f'dir = "{os.path.join(work, name + "-out")}"\nformats = ["png"]\n')
     return path, os.path.join(work, name + "-out")
 

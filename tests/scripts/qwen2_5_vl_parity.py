@@ -53,7 +53,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -479,16 +478,7 @@ CASES = {"table": case_table, "forward": case_forward, "flat": case_flat, "layou
 
 
 def main():
-    dte.TPRUN, dte.MPIRUN, dte.UNIT = sys.argv[1], sys.argv[2], sys.argv[3]
-    names = sys.argv[4:] or list(CASES)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    t_start = time.time()
-    for name in names:
-        t0 = time.time()
-        CASES[name]()
-        print(f"  [{name}] {time.time() - t0:.1f}s", flush=True)
-    print(f"{'FAILED' if dte.FAILURES else 'OK'}: {len(dte.FAILURES)} failures ({time.time() - t_start:.1f}s)")
-    return 1 if dte.FAILURES else 0
+    return dte.run_main(CASES)
 
 
 if __name__ == "__main__":

@@ -36,19 +36,17 @@ Cases (one ctest entry each; `qwen_image_vae_parity.py TPRUN MPIRUN CASE`):
             num_res_blocks beyond the checkpoint's blocks, an empty dim_mult, a huge base_dim, dropout
             1.5, a string z_dim; and tiles smaller than one latent (exit 3).
 """
-import json
 import os
 import re
 import sys
-import time
 
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tprun_harness import Harness, run_cases  # noqa: E402
+from tprun_harness import Harness, run_cases, save_causal_vae  # noqa: E402
 
 TOL = 1e-4
 # bf16 against bf16, relative to the largest magnitude of the output (see case_bf16's printout).
@@ -65,46 +63,16 @@ def make_vae(work, name="vae"):
     """diffusers' AutoencoderKLQwenImage with the tiny config and redrawn parameters, saved to work/name."""
     from diffusers import AutoencoderKLQwenImage
     torch.manual_seed(0)
-    vae = AutoencoderKLQwenImage(**TINY).eval()
-    g = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for pname, p in vae.named_parameters():
-            if pname.endswith("gamma"):
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-            elif pname.endswith("bias"):
-                p.copy_(0.05 * torch.randn(p.shape, generator=g))
-            else:
-                fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
-    folder = os.path.join(work, name)
-    vae.save_pretrained(folder)
-    return vae, folder
+    return save_causal_vae(AutoencoderKLQwenImage(**TINY).eval(), 1234, os.path.join(work, name))
 
 
 def forward(work, folder, comp, inputs, tag, memory=(), np_=1, dtype="fp32"):
-    """(outputs, log) of `tprun forward`; outputs None when it failed (reported)."""
-    inp, out = os.path.join(work, f"{tag}_in.safetensors"), os.path.join(work, f"{tag}_out.safetensors")
-    save_file({k: v.contiguous() for k, v in inputs.items()}, inp)
-    args = ["forward", "--model", folder, "--inputs", inp, "--out", out, "--dtype", dtype]
-    if comp:
-        args += ["--component", comp]
-    if np_ > 1:
-        args += ["--tp", str(np_)]
-    for m in memory:
-        args += ["--memory", m]
-    t0 = time.time()
-    rc, log = H.run(args, np_=np_)
-    if not H.check(rc == 0, f"{tag}: forward ran ({time.time() - t0:.1f} s)" + ("" if rc == 0 else f": {log[-1500:]}")):
-        return None, log
-    return load_file(out), log
+    """(outputs, log) of `tprun forward` (Harness.forward); outputs None when it failed (reported)."""
+    return H.forward(work, folder, comp, inputs, tag, memory=memory, np_=np_, dtype=dtype)
 
 
 def compare(tag, got, want, tol=TOL):
-    diff = (got.float() - want.float()).abs().max().item()
-    same = tuple(got.shape) == tuple(want.shape)
-    H.check(same and diff <= tol, f"{tag}: shape {tuple(got.shape)} (diffusers {tuple(want.shape)}), "
-            f"max abs diff {diff:.3g} (tolerance {tol})")
-    return diff
+    return H.compare(tag, got, want, tol)
 
 
 def latents(batch, h, w, seed=7):
@@ -278,8 +246,6 @@ def case_bf16(work):
 
 def case_errors(work):
     _, good = make_vae(work)
-    cfg = json.load(open(os.path.join(good, "config.json")))
-    weights = os.path.join(good, "diffusion_pytorch_model.safetensors")
     z = latents(1, 2, 2)
     inp = os.path.join(work, "z.safetensors")
     save_file({"latents": z}, inp)
@@ -294,20 +260,7 @@ def case_errors(work):
         ("dropout 1.5", {"dropout": 1.5}, "'dropout' = 1.5"),
         ("string z_dim", {"z_dim": "16"}, "z_dim"),
     ]
-    for i, (label, patch, want) in enumerate(bad_cases):
-        d = os.path.join(work, f"bad{i}")
-        os.makedirs(d)
-        json.dump(dict(cfg, **patch), open(os.path.join(d, "config.json"), "w"))
-        os.symlink(weights, os.path.join(d, "diffusion_pytorch_model.safetensors"))
-        out = os.path.join(work, f"bad{i}_out.safetensors")
-        rc, log = H.run(["forward", "--model", d, "--component", "vae_decoder", "--inputs", inp, "--out", out],
-                        np_=2, timeout=120)
-        lines = [l for l in log.splitlines() if want in l and "config.json" in l]
-        # The refusal comes from the config read, which runs after the checkpoint's headers and before
-        # its tables are validated or any tensor is read; "attention (" is logged after the weights load.
-        H.check(rc == 4 and len(lines) >= 2 and not os.path.exists(out) and "attention (" not in log,
-                f"{label}: exit {rc} (want 4), '{want}' with the file named on {len(lines)} of 2 ranks, "
-                "no weight load" + ("" if lines else f"\n{log[-600:]}"))
+    H.expect_config_refusals(work, good, inp, bad_cases)
     # Tiles smaller than one latent (8 px at overlap 0.5: a stride of 4 px).
     rc, log = H.run(["forward", "--model", good, "--component", "vae_decoder", "--inputs", inp, "--out",
                      os.path.join(work, "tiles.safetensors"), "--memory", "vae_tiling=true", "--memory",

@@ -1,12 +1,15 @@
 """What the script tests share: running tprun under mpirun with a hang timeout, `init-model` folders,
-job files (manifest, requests, results log), and ok / FAIL lines counted into the script's exit status.
-torch is imported only by the helpers that need it, so job scripts without torch start fast."""
+job files (manifest, requests, results log), ok / FAIL lines counted into the script's exit status,
+and the causal VAE parity scripts' model, `tprun forward` run and comparison (qwen_image_vae_parity.py,
+wan_vae_parity.py). torch is imported only by the helpers that need it, so job scripts without torch
+start fast."""
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 # Prompts of the job tests (`p0`, `p1`, ... in this order).
 PROMPTS = ["a red fox in the snow", "a lighthouse at dusk", "a bowl of fruit", "a city at night",
@@ -93,12 +96,83 @@ class Harness:
         return self.check(ok, f"{label}: exit {rc} (want 3), '{want}' on {len(lines)} of {np_} ranks"
                           + ("" if absent is None else f", no '{absent}'") + ("" if lines else f"\n{log[-800:]}"))
 
+    def forward(self, work, folder, comp, inputs, tag, memory=(), np_=1, dtype=None):
+        """(outputs, log) of `tprun forward --model FOLDER` on `inputs` (saved as work/TAG_in.safetensors;
+        --component COMP, --dtype DTYPE and --tp NP_ where given, one --memory per entry); outputs None
+        when it failed (reported)."""
+        from safetensors.torch import load_file, save_file
+        inp, out = os.path.join(work, f"{tag}_in.safetensors"), os.path.join(work, f"{tag}_out.safetensors")
+        save_file({k: v.contiguous() for k, v in inputs.items()}, inp)
+        args = ["forward", "--model", folder, "--inputs", inp, "--out", out]
+        if dtype:
+            args += ["--dtype", dtype]
+        if comp:
+            args += ["--component", comp]
+        if np_ > 1:
+            args += ["--tp", str(np_)]
+        for m in memory:
+            args += ["--memory", m]
+        t0 = time.time()
+        rc, log = self.run(args, np_=np_)
+        if not self.check(rc == 0, f"{tag}: forward ran ({time.time() - t0:.1f} s)"
+                          + ("" if rc == 0 else f": {log[-1500:]}")):
+            return None, log
+        return load_file(out), log
+
+    def compare(self, tag, got, want, tol):
+        """Checks `got` has diffusers' shape and is within `tol` of `want` (max abs diff, returned)."""
+        same = tuple(got.shape) == tuple(want.shape)
+        diff = (got.float() - want.float()).abs().max().item() if same else float("inf")
+        self.check(diff <= tol, f"{tag}: shape {tuple(got.shape)} (diffusers {tuple(want.shape)}), "
+                   f"max abs diff {diff:.3g} (tolerance {tol})")
+        return diff
+
+    def expect_config_refusals(self, work, folder, inputs_file, cases, comp="vae_decoder"):
+        """For each (label, patch, want) of `cases`: a copy of the model FOLDER (its config.json with `patch`
+        over it, its diffusion_pytorch_model.safetensors linked) given to `tprun forward --component COMP`
+        at np 2 exits 4 with `want` and config.json on both ranks, writes nothing and loads no weight. The
+        refusal comes from the config read, which runs after the checkpoint's headers and before its
+        tables are validated or any tensor is read; "attention (" is logged after the weights load."""
+        cfg = json.load(open(os.path.join(folder, "config.json")))
+        weights = os.path.join(folder, "diffusion_pytorch_model.safetensors")
+        for i, (label, patch, want) in enumerate(cases):
+            d = os.path.join(work, f"bad{i}")
+            os.makedirs(d)
+            json.dump(dict(cfg, **patch), open(os.path.join(d, "config.json"), "w"))
+            os.symlink(weights, os.path.join(d, "diffusion_pytorch_model.safetensors"))
+            out = os.path.join(work, f"bad{i}_out.safetensors")
+            rc, log = self.run(["forward", "--model", d, "--component", comp, "--inputs", inputs_file, "--out", out],
+                               np_=2, timeout=120)
+            lines = [l for l in log.splitlines() if want in l and "config.json" in l]
+            self.check(rc == 4 and len(lines) >= 2 and not os.path.exists(out) and "attention (" not in log,
+                       f"{label}: exit {rc} (want 4), '{want}' with the file named on {len(lines)} of 2 ranks, "
+                       "no weight load" + ("" if lines else f"\n{log[-600:]}"))
+
     def init_model(self, work, arch, name=None):
         d = os.path.join(work, name or arch)
         r = subprocess.run([self.tprun, "init-model", d, "--arch", arch], capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit(f"init-model {arch} failed: {r.stderr}")
         return d
+
+
+def save_causal_vae(vae, seed, folder):
+    """Redraws every parameter of a diffusers causal VAE (AutoencoderKLQwenImage / AutoencoderKLWan) from a
+    generator seeded with `seed` (RMS gammas ~ N(1, 0.1), biases ~ N(0, 0.05^2), weights ~ N(0, 1/fan_in),
+    every time tap distinct) and saves it to `folder` with save_pretrained; returns (vae, folder)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in vae.named_parameters():
+            if pname.endswith("gamma"):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+            elif pname.endswith("bias"):
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+    vae.save_pretrained(folder)
+    return vae, folder
 
 
 def transformer_inputs(folder, arch):

@@ -43,30 +43,16 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-TPRUN = MPIRUN = UNIT = None
-FAILURES = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import decoder_text_encoder_parity as dte  # noqa: E402  (shared runners and checks)
+from decoder_text_encoder_parity import check, mpirun  # noqa: E402
+
 FP32_TOL = 1e-4
 CONFIG = dict(vocab_size=320, d_model=64, d_kv=16, d_ff=96, num_layers=3, num_decoder_layers=3, num_heads=4,
               relative_attention_num_buckets=16, relative_attention_max_distance=24,
               feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6)
 LENGTHS = (20, 9, 1)
 SEQ = 20
-
-
-def check(ok, msg):
-    print(f"{'ok  ' if ok else 'FAIL'} {msg}", flush=True)
-    if not ok:
-        FAILURES.append(msg)
-    return ok
-
-
-def mpirun(np_, *args, timeout=180):
-    cmd = [MPIRUN, "--oversubscribe", "-np", str(np_), TPRUN, *args, "--log-dir", ""]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout}s (hang?)"
-    return r.returncode, r.stdout + r.stderr
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,7 +209,7 @@ PROMPTS = [
 
 
 def unit(test, env):
-    r = subprocess.run([UNIT, f"--gtest_filter={test}"], env={**os.environ, **env}, capture_output=True, text=True,
+    r = subprocess.run([dte.UNIT, f"--gtest_filter={test}"], env={**os.environ, **env}, capture_output=True, text=True,
                        timeout=600)
     ok = r.returncode == 0 and "SKIPPED" not in r.stdout
     return ok, (r.stdout + r.stderr)[-3000:]
@@ -344,17 +330,7 @@ CASES = {"forward": case_forward, "text": case_text}
 
 
 def main():
-    global TPRUN, MPIRUN, UNIT
-    TPRUN, MPIRUN, UNIT = sys.argv[1], sys.argv[2], sys.argv[3]
-    names = sys.argv[4:] or list(CASES)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    t_start = time.time()
-    for name in names:
-        t0 = time.time()
-        CASES[name]()
-        print(f"  [{name}] {time.time() - t0:.1f}s", flush=True)
-    print(f"{'FAILED' if FAILURES else 'OK'}: {len(FAILURES)} failures ({time.time() - t_start:.1f}s)")
-    return 1 if FAILURES else 0
+    return dte.run_main(CASES)
 
 
 if __name__ == "__main__":

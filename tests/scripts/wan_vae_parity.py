@@ -23,19 +23,17 @@ Cases (`wan_vae_parity.py TPRUN MPIRUN CASE`):
             both ranks, before any weight byte); latents with 5 channels and a video of 4 frames (exit 6,
             request errors naming 'z' / 'image').
 """
-import json
 import os
 import re
 import sys
-import time
 
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tprun_harness import Harness, run_cases  # noqa: E402
+from tprun_harness import Harness, run_cases, save_causal_vae  # noqa: E402
 
 TOL = 1e-4
 H = None  # tprun_harness.Harness, set in main()
@@ -49,43 +47,16 @@ def make_vae(work, name="vae"):
     """diffusers' AutoencoderKLWan with the tiny config and redrawn parameters, saved to work/name."""
     from diffusers import AutoencoderKLWan
     torch.manual_seed(0)
-    vae = AutoencoderKLWan(**TINY).eval()
-    g = torch.Generator().manual_seed(4321)
-    with torch.no_grad():
-        for pname, p in vae.named_parameters():
-            if pname.endswith("gamma"):
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
-            elif pname.endswith("bias"):
-                p.copy_(0.05 * torch.randn(p.shape, generator=g))
-            else:
-                fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
-    folder = os.path.join(work, name)
-    vae.save_pretrained(folder)
-    return vae, folder
+    return save_causal_vae(AutoencoderKLWan(**TINY).eval(), 4321, os.path.join(work, name))
 
 
 def forward(work, folder, comp, inputs, tag, memory=(), np_=1):
-    """(outputs, log) of `tprun forward`; outputs None when it failed (reported)."""
-    inp, out = os.path.join(work, f"{tag}_in.safetensors"), os.path.join(work, f"{tag}_out.safetensors")
-    save_file({k: v.contiguous() for k, v in inputs.items()}, inp)
-    args = ["forward", "--model", folder, "--inputs", inp, "--out", out, "--component", comp]
-    if np_ > 1:
-        args += ["--tp", str(np_)]
-    for m in memory:
-        args += ["--memory", m]
-    t0 = time.time()
-    rc, log = H.run(args, np_=np_)
-    if not H.check(rc == 0, f"{tag}: forward ran ({time.time() - t0:.1f} s)" + ("" if rc == 0 else f": {log[-1500:]}")):
-        return None, log
-    return load_file(out), log
+    """(outputs, log) of `tprun forward` (Harness.forward); outputs None when it failed (reported)."""
+    return H.forward(work, folder, comp, inputs, tag, memory=memory, np_=np_)
 
 
 def compare(tag, got, want, tol=TOL):
-    diff = (got.float() - want.float()).abs().max().item() if tuple(got.shape) == tuple(want.shape) else float("inf")
-    H.check(diff <= tol, f"{tag}: shape {tuple(got.shape)} (diffusers {tuple(want.shape)}), "
-            f"max abs diff {diff:.3g} (tolerance {tol})")
-    return diff
+    return H.compare(tag, got, want, tol)
 
 
 def latents(batch, frames, h, w, seed=7):
@@ -189,8 +160,6 @@ def case_tiling(work):
 
 def case_errors(work):
     _, good = make_vae(work)
-    cfg = json.load(open(os.path.join(good, "config.json")))
-    weights = os.path.join(good, "diffusion_pytorch_model.safetensors")
     inp = os.path.join(work, "z.safetensors")
     save_file({"latents": latents(1, 2, 2, 2)}, inp)
     bad_cases = [
@@ -200,18 +169,7 @@ def case_errors(work):
         ("one time step", {"temperal_downsample": [False, False, True]}, "'temperal_downsample' has 1 true"),
         ("scale_factor_spatial", {"scale_factor_spatial": 16}, "'scale_factor_spatial' is 16"),
     ]
-    for i, (label, patch, want) in enumerate(bad_cases):
-        d = os.path.join(work, f"bad{i}")
-        os.makedirs(d)
-        json.dump(dict(cfg, **patch), open(os.path.join(d, "config.json"), "w"))
-        os.symlink(weights, os.path.join(d, "diffusion_pytorch_model.safetensors"))
-        out = os.path.join(work, f"bad{i}_out.safetensors")
-        rc, log = H.run(["forward", "--model", d, "--component", "vae_decoder", "--inputs", inp, "--out", out],
-                        np_=2, timeout=120)
-        lines = [l for l in log.splitlines() if want in l and "config.json" in l]
-        H.check(rc == 4 and len(lines) >= 2 and not os.path.exists(out) and "attention (" not in log,
-                f"{label}: exit {rc} (want 4), '{want}' with the file named on {len(lines)} of 2 ranks, "
-                "no weight load" + ("" if lines else f"\n{log[-600:]}"))
+    H.expect_config_refusals(work, good, inp, bad_cases)
     for label, comp, name, tensor, want in [
             ("latents of 5 channels", "vae_decoder", "latents", torch.zeros(1, 5, 2, 2, 2), "input 'z' must be"),
             ("a video of 4 frames", "vae_encoder", "image", torch.zeros(1, 3, 4, 16, 16), "has 4 frames")]:
