@@ -158,13 +158,28 @@ T5UnigramTokenizer::T5UnigramTokenizer(const std::string& dir) : dir_(dir) {
       if (t.content == content) return t.id;
     const int64_t id = model_.id_of(content);
     if (id < 0)
-      throw CheckpointError(fmt::format("{}: {} '{}' is neither a piece of {} nor in added_tokens_decoder", config_file,
-                                        key, content, tok_file));
+      throw CheckpointError(fmt::format("{}: {} names '{}', which is neither a piece of {} nor in "
+                                        "added_tokens_decoder (transformers would add it as a new token past the "
+                                        "vocabulary; tprun refuses a special token the tokenizer does not have)",
+                                        config_file, key, content, tok_file),
+                            true);
     added_.push_back(AddedToken{content, id, false, false});
     return id;
   };
+  // transformers 5 reads tokenizer_config.json's value first (special_tokens_map.json's only where
+  // the config has none). A pad_token or eos_token set to null there leaves the tokenizer without
+  // it: WanPipeline pads every prompt to max_length and ends it with eos, so every request would fail.
   auto special = [&](const char* key, const char* fallback) {
-    std::string s = special_token_string(special_map, map_file, config, config_file, key);
+    if (config.is_object() && config.contains(key) && config[key].is_null() && std::string(key) != "unk_token") {
+      throw CheckpointError(fmt::format("{}: {} is null or missing; a T5 tokenizer pads every prompt to "
+                                        "max_length and ends it with eos, so every request would fail: set {} "
+                                        "to a token of the vocabulary (UMT5's are \"<pad>\" and \"</s>\")",
+                                        config_file, key, key),
+                            true);
+    }
+    std::string s = config.is_object() && config.contains(key) && !config[key].is_null()
+                        ? special_token_string(json::object(), map_file, config, config_file, key)
+                        : special_token_string(special_map, map_file, config, config_file, key);
     return ensure_added(s.empty() ? fallback : s, key);
   };
   eos_id_ = special("eos_token", "</s>");

@@ -222,7 +222,7 @@ def case_component_class_every_pipeline(work, cls, src, folders):
     out = os.path.join(work, "never.png")
     index = model_index(src)
     # A wrong class in model_index.json, for every component it names.
-    for comp, wrong in (("transformer", "EvilModel"), ("vae", "AutoencoderKLWan"),
+    for comp, wrong in (("transformer", "EvilModel"), ("vae", "AutoencoderKLHunyuanVideo"),
                         ("text_encoder", "T5EncoderModel"), ("scheduler", "DDIMScheduler")):
         lib = index[comp][0]
         d = copy_model(work, src, f"{cls}-{comp}-{wrong}", index_edit(lambda j: j.__setitem__(comp, [lib, wrong])))

@@ -131,7 +131,23 @@ TEST(Umt5TokenizerFiles, Refusals) {
     json m = read_json(d / "special_tokens_map.json");
     m.erase("pad_token");
     write_text(d / "special_tokens_map.json", m.dump());
-    refused(d, "pad_token '<no-such-pad>' is neither a piece");
+    refused(d, "pad_token names '<no-such-pad>', which is neither a piece");
+  }
+  {
+    // tokenizer_config.json's value wins over special_tokens_map.json's (transformers 5): an unknown
+    // pad_token there is refused though the map names <pad>, and a null one leaves no pad token.
+    const fs::path d = copy_of(tmp, "config_over_map");
+    json j = read_json(d / "tokenizer_config.json");
+    j["eos_token"] = "<no-such-eos>";
+    write_text(d / "tokenizer_config.json", j.dump());
+    refused(d, "eos_token names '<no-such-eos>'");
+  }
+  {
+    const fs::path d = copy_of(tmp, "null_pad");
+    json j = read_json(d / "tokenizer_config.json");
+    j["pad_token"] = nullptr;
+    write_text(d / "tokenizer_config.json", j.dump());
+    refused(d, "pad_token is null or missing");
   }
   {
     const fs::path d = copy_of(tmp, "bad_charsmap");
