@@ -113,6 +113,83 @@ void metaspace_pieces(const std::string& word, std::vector<std::string>& out) {
   out.push_back(w.substr(start));
 }
 
+// added_tokens_decoder, checked as transformers assigns ids: a vocabulary
+// piece keeps its id; a new token gets the next id past the vocabulary, in
+// the order of the declared ids.
+std::vector<AddedToken> checked_added_tokens(const json& config, const std::string& config_file,
+                                             const UnigramModel& model) {
+  std::vector<AddedToken> declared = parse_added_tokens(config, config_file);
+  std::sort(declared.begin(), declared.end(), [](const AddedToken& a, const AddedToken& b) { return a.id < b.id; });
+  int64_t next = model.size();
+  for (const auto& t : declared) {
+    const int64_t in_vocab = model.id_of(t.content);
+    const int64_t expected = in_vocab >= 0 ? in_vocab : next++;
+    if (t.id != expected) {
+      throw CheckpointError(fmt::format("{}: added_tokens_decoder gives '{}' id {}, but transformers would give it {} "
+                                        "({})",
+                                        config_file, t.content, t.id, expected,
+                                        in_vocab >= 0 ? "its id in tokenizer.json's vocabulary"
+                                                      : "the next id past the vocabulary"));
+    }
+  }
+  return declared;
+}
+
+// The special token `key` names, as transformers 5 reads it: tokenizer_config.json's value first,
+// special_tokens_map.json's only where the config has none ("" for neither). A pad_token or
+// eos_token set to null in the config leaves the tokenizer without it: WanPipeline pads every prompt
+// to max_length and ends it with eos, so every request would fail (CheckpointError).
+std::string special_token_content(const json& config, const std::string& config_file, const json& special_map,
+                                  const std::string& map_file, const char* key) {
+  const bool in_config = config.is_object() && config.contains(key);
+  if (in_config && config[key].is_null() && std::string(key) != "unk_token") {
+    throw CheckpointError(fmt::format("{}: {} is null or missing; a T5 tokenizer pads every prompt to "
+                                      "max_length and ends it with eos, so every request would fail: set {} "
+                                      "to a token of the vocabulary (UMT5's are \"<pad>\" and \"</s>\")",
+                                      config_file, key, key),
+                          true);
+  }
+  if (in_config && !config[key].is_null()) return special_token_string(json::object(), map_file, config, config_file, key);
+  return special_token_string(special_map, map_file, config, config_file, key);
+}
+
+// additional_special_tokens (T5Tokenizer: <extra_id_0..extra_ids-1> when the config has none).
+std::vector<std::string> additional_special_tokens(const json& config, const json& special_map,
+                                                   const std::string& config_file) {
+  int64_t extra_ids = 100;
+  if (config.contains("extra_ids")) {
+    if (!config["extra_ids"].is_number_integer() || config["extra_ids"].get<int64_t>() < 0 ||
+        config["extra_ids"].get<int64_t>() > HfTokenizerLimits::kMaxAddedTokens)
+      throw CheckpointError(fmt::format("{}: extra_ids {} is not an integer in [0, {}]", config_file,
+                                        config["extra_ids"].dump(), HfTokenizerLimits::kMaxAddedTokens));
+    extra_ids = config["extra_ids"].get<int64_t>();
+  }
+  std::vector<std::string> additional;
+  const json* list = config.contains("additional_special_tokens") ? &config["additional_special_tokens"]
+                     : special_map.contains("additional_special_tokens") ? &special_map["additional_special_tokens"]
+                                                                         : nullptr;
+  int64_t sentinels = 0;
+  if (list && !list->is_null()) {
+    if (!list->is_array() || static_cast<int64_t>(list->size()) > HfTokenizerLimits::kMaxAddedTokens)
+      throw CheckpointError(fmt::format("{}: additional_special_tokens is not a list (of at most {})", config_file,
+                                        HfTokenizerLimits::kMaxAddedTokens));
+    for (const auto& e : *list) {
+      const json& c = e.is_object() && e.contains("content") ? e["content"] : e;
+      if (!c.is_string())
+        throw CheckpointError(fmt::format("{}: additional_special_tokens holds {}, not a token", config_file, e.dump()));
+      additional.push_back(c.get<std::string>());
+      if (additional.back().find("<extra_id_") != std::string::npos) ++sentinels;
+    }
+    if (sentinels > 0 && extra_ids > 0 && sentinels != extra_ids)
+      throw CheckpointError(fmt::format("{}: extra_ids is {} but additional_special_tokens holds {} <extra_id_N> "
+                                        "tokens (transformers refuses this folder)",
+                                        config_file, extra_ids, sentinels));
+  }
+  if (sentinels == 0)
+    for (int64_t i = 0; i < extra_ids; ++i) additional.push_back(fmt::format("<extra_id_{}>", i));
+  return additional;
+}
+
 }  // namespace
 
 T5UnigramTokenizer::T5UnigramTokenizer(const std::string& dir) : dir_(dir) {
@@ -136,23 +213,7 @@ T5UnigramTokenizer::T5UnigramTokenizer(const std::string& dir) : dir_(dir) {
   const json config = read_optional_json(config_file, "tokenizer config");
   const json special_map = read_optional_json(map_file, "special tokens map");
 
-  // added_tokens_decoder: a vocabulary piece keeps its id; a new token gets
-  // the next id past the vocabulary, in the order of the declared ids.
-  std::vector<AddedToken> declared = parse_added_tokens(config, config_file);
-  std::sort(declared.begin(), declared.end(), [](const AddedToken& a, const AddedToken& b) { return a.id < b.id; });
-  int64_t next = model_.size();
-  for (const auto& t : declared) {
-    const int64_t in_vocab = model_.id_of(t.content);
-    const int64_t expected = in_vocab >= 0 ? in_vocab : next++;
-    if (t.id != expected) {
-      throw CheckpointError(fmt::format("{}: added_tokens_decoder gives '{}' id {}, but transformers would give it {} "
-                                        "({})",
-                                        config_file, t.content, t.id, expected,
-                                        in_vocab >= 0 ? "its id in tokenizer.json's vocabulary"
-                                                      : "the next id past the vocabulary"));
-    }
-    added_.push_back(t);
-  }
+  for (const auto& t : checked_added_tokens(config, config_file, model_)) added_.push_back(t);
   auto ensure_added = [&](const std::string& content, const std::string& key) {
     for (const auto& t : added_)
       if (t.content == content) return t.id;
@@ -166,62 +227,17 @@ T5UnigramTokenizer::T5UnigramTokenizer(const std::string& dir) : dir_(dir) {
     added_.push_back(AddedToken{content, id, false, false});
     return id;
   };
-  // transformers 5 reads tokenizer_config.json's value first (special_tokens_map.json's only where
-  // the config has none). A pad_token or eos_token set to null there leaves the tokenizer without
-  // it: WanPipeline pads every prompt to max_length and ends it with eos, so every request would fail.
   auto special = [&](const char* key, const char* fallback) {
-    if (config.is_object() && config.contains(key) && config[key].is_null() && std::string(key) != "unk_token") {
-      throw CheckpointError(fmt::format("{}: {} is null or missing; a T5 tokenizer pads every prompt to "
-                                        "max_length and ends it with eos, so every request would fail: set {} "
-                                        "to a token of the vocabulary (UMT5's are \"<pad>\" and \"</s>\")",
-                                        config_file, key, key),
-                            true);
-    }
-    std::string s = config.is_object() && config.contains(key) && !config[key].is_null()
-                        ? special_token_string(json::object(), map_file, config, config_file, key)
-                        : special_token_string(special_map, map_file, config, config_file, key);
+    const std::string s = special_token_content(config, config_file, special_map, map_file, key);
     return ensure_added(s.empty() ? fallback : s, key);
   };
   eos_id_ = special("eos_token", "</s>");
   (void)special("unk_token", "<unk>");
   pad_id_ = special("pad_token", "<pad>");
   unk_id_ = kUnkId;
-
-  // additional_special_tokens (T5Tokenizer: <extra_id_0..extra_ids-1> when the config has none).
-  int64_t extra_ids = 100;
-  if (config.contains("extra_ids")) {
-    if (!config["extra_ids"].is_number_integer() || config["extra_ids"].get<int64_t>() < 0 ||
-        config["extra_ids"].get<int64_t>() > HfTokenizerLimits::kMaxAddedTokens)
-      throw CheckpointError(fmt::format("{}: extra_ids {} is not an integer in [0, {}]", config_file,
-                                        config["extra_ids"].dump(), HfTokenizerLimits::kMaxAddedTokens));
-    extra_ids = config["extra_ids"].get<int64_t>();
+  for (const auto& a : additional_special_tokens(config, special_map, config_file)) {
+    ensure_added(a, "additional_special_tokens");
   }
-  std::vector<std::string> additional;
-  const json* list = config.contains("additional_special_tokens") ? &config["additional_special_tokens"]
-                     : special_map.contains("additional_special_tokens") ? &special_map["additional_special_tokens"]
-                                                                         : nullptr;
-  if (list && !list->is_null()) {
-    if (!list->is_array() || static_cast<int64_t>(list->size()) > HfTokenizerLimits::kMaxAddedTokens)
-      throw CheckpointError(fmt::format("{}: additional_special_tokens is not a list (of at most {})", config_file,
-                                        HfTokenizerLimits::kMaxAddedTokens));
-    int64_t sentinels = 0;
-    for (const auto& e : *list) {
-      const json& c = e.is_object() && e.contains("content") ? e["content"] : e;
-      if (!c.is_string())
-        throw CheckpointError(fmt::format("{}: additional_special_tokens holds {}, not a token", config_file, e.dump()));
-      additional.push_back(c.get<std::string>());
-      if (additional.back().find("<extra_id_") != std::string::npos) ++sentinels;
-    }
-    if (sentinels > 0 && extra_ids > 0 && sentinels != extra_ids)
-      throw CheckpointError(fmt::format("{}: extra_ids is {} but additional_special_tokens holds {} <extra_id_N> "
-                                        "tokens (transformers refuses this folder)",
-                                        config_file, extra_ids, sentinels));
-    if (sentinels == 0)
-      for (int64_t i = 0; i < extra_ids; ++i) additional.push_back(fmt::format("<extra_id_{}>", i));
-  } else {
-    for (int64_t i = 0; i < extra_ids; ++i) additional.push_back(fmt::format("<extra_id_{}>", i));
-  }
-  for (const auto& a : additional) ensure_added(a, "additional_special_tokens");
 
   vocab_size_ = model_.size();
   for (const auto& t : added_) vocab_size_ = std::max(vocab_size_, t.id + 1);
