@@ -137,6 +137,7 @@ std::unique_ptr<ClipTextModel> ClipTextModel::load(checkpoint::WeightSource& sou
   nn::log_eager_attention(kClass, attention_chunk);
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
+  m->lora_targets_ = built.lora_targets;
   m->bytes_stored_ = built.bytes_stored;
   m->w_ = std::move(w);
   return m;

@@ -222,6 +222,7 @@ std::unique_ptr<DecoderTextEncoder> DecoderTextEncoder::load(checkpoint::WeightS
       rope_inverse_frequencies(c.rope, c.head_dim, c.max_position_embeddings);
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
+  m->lora_targets_ = built.lora_targets;
   m->bytes_stored_ = built.bytes_stored;
   m->w_ = std::move(w);
   nn::log_sdpa_attention(c.cls, options.device, checkpoint::parse_compute_dtype(options.dtype, "dtype"),

@@ -45,6 +45,7 @@ void MmditTransformer::load_weights(const char* cls, checkpoint::WeightSource& s
   BuiltModel built = build_model(cls, source, tp, build_options(options, class_skip), declare);
   table_ = std::move(built.table);
   bytes_loaded_ = built.bytes_read;
+  lora_targets_ = built.lora_targets;
   bytes_stored_ = built.bytes_stored;
   nn::log_sdpa_attention(cls, options.device, checkpoint::parse_compute_dtype(options.dtype, "dtype"),
                          shape.heads / tp.size, shape.head_dim, false, attention_chunk_);

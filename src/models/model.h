@@ -11,6 +11,7 @@
 
 #include "checkpoint/shard_loader.h"
 #include "memory/memory_options.h"
+#include "models/lora_targets.h"
 #include "models/model_table.h"
 #include "models/tensor_map.h"
 #include "parallel/tp_context.h"
@@ -64,12 +65,16 @@ class Model {
   // Bytes the loaded weights keep resident on this rank (smaller than
   // bytes_loaded() when weights are stored narrower, e.g. fp8).
   uint64_t bytes_stored() const { return bytes_stored_; }
+  // The loaded Linear layers adapters may reach (lora/); null for a model
+  // that takes none (a VAE).
+  const std::shared_ptr<LoraTargets>& lora_targets() const { return lora_targets_; }
 
  protected:
   ModelTable table_;
   parallel::TpContext tp_;
   uint64_t bytes_loaded_ = 0;
   uint64_t bytes_stored_ = 0;
+  std::shared_ptr<LoraTargets> lora_targets_;
 };
 
 }  // namespace tprun::models

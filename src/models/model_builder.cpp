@@ -15,6 +15,7 @@
 #include "memory/group_offloader.h"
 #include "memory/offload_plan.h"
 #include "models/model_config.h"
+#include "parallel/lora_slot.h"
 #include "runtime/error.h"
 #include "runtime/memory_release.h"
 #include "runtime/user_pattern.h"
@@ -281,7 +282,11 @@ ModelBuilder::ModelBuilder(std::string cls) { record_.cls = std::move(cls); }
 
 ModelBuilder::ModelBuilder(const ModelTable& table, checkpoint::ShardLoader& loader, const parallel::TpContext& tp,
                            LoadFilter wanted)
-    : table_(&table), loader_(&loader), tp_(tp), wanted_(std::move(wanted)) {}
+    : table_(&table), loader_(&loader), tp_(tp), wanted_(std::move(wanted)), lora_targets_(std::make_shared<LoraTargets>()) {
+  lora_targets_->tp = tp;
+  lora_targets_->device = loader.options().device;
+  lora_targets_->dtype = loader.options().dtype.empty() ? "fp32" : loader.options().dtype;
+}
 
 const TensorSpec& ModelBuilder::declare(TensorSpec spec) {
   if (recording()) {
@@ -383,7 +388,11 @@ parallel::ParallelLinear ModelBuilder::linear(const std::string& name, int64_t o
   } else if (checkpoint::output_is_partial(d.style)) {
     in_blocks = {in};
   }
-  return parallel::ParallelLinear(name, d.style, std::move(in_blocks), tp_, std::move(weight), std::move(bias));
+  parallel::ParallelLinear layer(name, d.style, std::move(in_blocks), tp_, weight, std::move(bias));
+  auto slot = std::make_shared<parallel::LoraSlot>();
+  layer.attach_lora_slot(slot);
+  lora_targets_->modules[name] = LoraTarget{std::move(slot), std::move(weight)};
+  return layer;
 }
 
 parallel::Weight ModelBuilder::tensor(const std::string& name, std::vector<int64_t> shape, TensorKind kind) {
@@ -492,6 +501,7 @@ BuiltModel build_model(const std::string& cls, checkpoint::WeightSource& source,
   }
   built.bytes_read = loader.bytes_read() - before;
   built.bytes_stored = b.bytes_stored();
+  built.lora_targets = b.lora_targets();
   // What the load allocated and freed (a slice's copy in another dtype than
   // the one it is kept in, caches of the copies to the device) goes back to
   // the system now: the heap's free pages would otherwise stay in this

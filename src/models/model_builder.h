@@ -22,6 +22,7 @@
 
 #include "checkpoint/shard_loader.h"
 #include "memory/memory_options.h"
+#include "models/lora_targets.h"
 #include "models/model.h"
 #include "models/model_table.h"
 #include "parallel/parallel_linear.h"
@@ -112,6 +113,8 @@ class ModelBuilder {
   uint64_t cast_bytes_in_compute_dtype() const { return cast_compute_bytes_; }
   uint64_t cast_bytes_in_storage_dtype() const { return cast_storage_bytes_; }
   uint64_t bytes_offloaded() const { return bytes_offloaded_; }
+  // Loading: every Linear loaded so far, for adapters (models/lora_targets.h).
+  const std::shared_ptr<LoraTargets>& lora_targets() const { return lora_targets_; }
 
   // A Linear `name` (a module; ".weight" [out, in] and, with d.bias,
   // ".bias" [out] are declared).
@@ -159,6 +162,7 @@ class ModelBuilder {
   std::shared_ptr<Placed> placed_;
   uint64_t bytes_offloaded_ = 0;
   uint64_t bytes_stored_ = 0;
+  std::shared_ptr<LoraTargets> lora_targets_;
   int64_t cast_tensors_ = 0;
   uint64_t cast_compute_bytes_ = 0;
   uint64_t cast_storage_bytes_ = 0;
@@ -205,6 +209,7 @@ struct BuiltModel {
   ModelTable table;
   uint64_t bytes_read = 0;
   uint64_t bytes_stored = 0;  // resident bytes of the loaded weights
+  std::shared_ptr<LoraTargets> lora_targets;  // the loaded Linear layers
 };
 
 // Records the table, validates it against `source` at tp.size (tp divisors,

@@ -214,6 +214,7 @@ std::unique_ptr<T5Encoder> T5Encoder::load(checkpoint::WeightSource& source, con
   nn::log_eager_attention(m->config_.cls, attention_chunk);
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
+  m->lora_targets_ = built.lora_targets;
   m->bytes_stored_ = built.bytes_stored;
   m->w_ = std::move(w);
   return m;

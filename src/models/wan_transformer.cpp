@@ -151,6 +151,7 @@ std::unique_ptr<WanTransformer> WanTransformer::load(checkpoint::WeightSource& s
                                  [&](ModelBuilder& b) { *w = declare_wan(c, options.shard_modulation, b); });
   m->table_ = std::move(built.table);
   m->bytes_loaded_ = built.bytes_read;
+  m->lora_targets_ = built.lora_targets;
   m->bytes_stored_ = built.bytes_stored;
   m->w_ = std::move(w);
   nn::log_sdpa_attention(kClass, options.device, checkpoint::parse_compute_dtype(options.dtype, "dtype"),

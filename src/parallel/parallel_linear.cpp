@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "dist/communicator.h"
+#include "parallel/lora_slot.h"
 #include "parallel/matmul_trace.h"
 #include "runtime/error.h"
 
@@ -66,7 +67,10 @@ at::Tensor ParallelLinear::partial(const at::Tensor& x) const {
   const at::Tensor w = weight_.get();
   const at::Tensor in = checkpoint::slices_input(style_) ? slice_input(x) : x;
   record_linear(in, w, style_, tp_.size);
-  return at::linear(in, w);
+  at::Tensor y = at::linear(in, w);
+  // A row-wise layer's adapter term is part of its partial sum: sum_r (x_r A_r^T) = x A^T.
+  if (lora_ && !lora_->deltas.empty()) add_lora_terms(y, in, *lora_);
+  return y;
 }
 
 at::Tensor ParallelLinear::add_bias(const at::Tensor& reduced) const {
@@ -77,7 +81,9 @@ at::Tensor ParallelLinear::forward(const at::Tensor& x) const {
   if (!checkpoint::output_is_partial(style_)) {
     const at::Tensor w = weight_.get();
     record_linear(x, w, style_, tp_.size);
-    return bias_.defined() ? at::linear(x, w, bias_.get()) : at::linear(x, w);
+    at::Tensor y = bias_.defined() ? at::linear(x, w, bias_.get()) : at::linear(x, w);
+    if (lora_ && !lora_->deltas.empty()) add_lora_terms(y, x, *lora_);
+    return y;
   }
   return rowwise_forward(RowwiseBatch().add(*this, x))[0];
 }

@@ -28,6 +28,7 @@
 // whatever its weights hand back.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@ class Tensor;
 namespace tprun::parallel {
 
 struct RowwiseBatch;
+struct LoraSlot;
 
 class ParallelLinear {
  public:
@@ -66,6 +68,10 @@ class ParallelLinear {
   const Weight& weight() const { return weight_; }
   const Weight& bias() const { return bias_; }
   const TpContext& tp() const { return tp_; }
+  // Run-time LoRA (parallel/lora_slot.h): the slot this layer and its copies
+  // read at every forward; null: no adapter can be attached.
+  void attach_lora_slot(std::shared_ptr<LoraSlot> slot) { lora_ = std::move(slot); }
+  const std::shared_ptr<LoraSlot>& lora_slot() const { return lora_; }
 
  private:
   friend std::vector<at::Tensor> rowwise_forward(const RowwiseBatch& batch);
@@ -78,6 +84,7 @@ class ParallelLinear {
   TpContext tp_;
   std::vector<int64_t> in_blocks_;
   Weight weight_, bias_;
+  std::shared_ptr<LoraSlot> lora_;
 };
 
 // Several row-wise layers (each with its input) closed by one AllReduce: the

@@ -14,6 +14,7 @@ class ResidentStorage final : public WeightStorage {
   explicit ResidentStorage(at::Tensor t) : tensor_(std::move(t)) {}
   at::Tensor get() const override { return tensor_; }
   uint64_t stored_bytes() const override { return static_cast<uint64_t>(tensor_.nbytes()); }
+  bool kept_as_computed() const override { return true; }
 
  private:
   at::Tensor tensor_;

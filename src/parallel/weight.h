@@ -26,6 +26,10 @@ class WeightStorage {
   virtual at::Tensor get() const = 0;
   // Bytes this storage keeps resident.
   virtual uint64_t stored_bytes() const = 0;
+  // Whether get() hands out the kept tensor itself, so that changing it in
+  // place changes what compute uses (resident storage; fusing a LoRA
+  // adapter relies on it). False for a cast copy or an offloaded fetch.
+  virtual bool kept_as_computed() const { return false; }
 };
 
 // Keeps the tensor as given (already in the compute dtype, on the device).
@@ -54,6 +58,7 @@ class Weight {
   at::Tensor get() const;
   const std::string& name() const { return name_; }
   uint64_t stored_bytes() const;
+  bool kept_as_computed() const { return storage_ && storage_->kept_as_computed(); }
 
  private:
   std::string name_;

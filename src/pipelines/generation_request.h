@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "lora/lora_choice.h"
 #include "models/tensor_map.h"
 
 namespace tprun::pipelines {
@@ -28,6 +29,8 @@ constexpr int64_t kMaxImageSide = 16384;        // height, width in pixels
 constexpr int64_t kMaxFrames = 4096;
 constexpr int64_t kMaxBatchSize = 1024;         // requests denoised together (output.batch_size)
 constexpr int64_t kMaxStageRequests = 100000000;  // requests whose embeddings a staged round keeps
+
+using lora::LoraChoice;
 
 struct GenerationRequest {
   std::string id;  // the job's request id, for log lines only ("" for `tprun generate`)
@@ -49,6 +52,10 @@ struct GenerationRequest {
   // A14B's low-noise transformer_2); only pipelines whose RequestOptions
   // accept it take it, others refuse it by name.
   std::optional<double> guidance_2;
+  // The adapters this request runs with, summed in order. Unset: the job's
+  // set (a manifest's [[loras]], `generate --lora`); an empty list: none.
+  // Requests with different sets are never denoised in one batch.
+  std::optional<std::vector<LoraChoice>> loras;
   uint64_t seed = 0;
   // Tensors that replace a stage's output, by the pipeline's argument names
   // (prompt_embeds, latents, ...; each pipeline's header lists them). Null: none.
@@ -72,6 +79,12 @@ struct GenerationRequest {
     fill(frames, defaults.frames);
     fill(fps, defaults.fps);
     fill(guidance_2, defaults.guidance_2);
+    fill(loras, defaults.loras);
+  }
+  // The adapters in force (none when unset).
+  const std::vector<LoraChoice>& lora_set() const {
+    static const std::vector<LoraChoice> kNone;
+    return loras ? *loras : kNone;
   }
 };
 
