@@ -31,6 +31,8 @@
 #include "pipelines/pipeline_layout.h"
 #include "jobs/job_run.h"
 #include "jobs/job_schedule.h"
+#include "jobs/lora_paths.h"
+#include "jobs/lora_records.h"
 #include "jobs/merge_results.h"
 #include "jobs/output_folder.h"
 #include "jobs/progress.h"
@@ -59,8 +61,13 @@ JobPlan read_plan(const RunOptions& o) {
   p.manifest = parse_manifest(o.manifest, o.overrides);
   check_requests_file(p.manifest.path, p.manifest.requests);
   check_paths(p.manifest);
+  resolve_manifest_loras(p.manifest);  // [[loras]] and [lora] dirs: each checked, made canonical
   check_defaults(p.manifest);  // against the pipeline's own limits, before any weight
-  p.requests = read_requests(p.manifest.requests, p.manifest.defaults);
+  const LoraPathRule lora_rule(p.manifest);
+  p.requests = read_requests(p.manifest.requests, p.manifest.defaults,
+                             [&lora_rule](const std::string& written, std::string& resolved) {
+                               return lora_rule.resolve(written, resolved);
+                             });
   if (o.shard_count > 0) {
     check_shard_count({o.shard_index, o.shard_count}, p.requests.size(), p.manifest.requests);
     std::vector<JobRequest> mine;
@@ -99,7 +106,8 @@ void check_output_names(const fs::path& out, bool shard) {
 // file must be one tprun wrote (it is replaced), else the run is refused now,
 // before any weight loads, naming the file. Kept outputs (`done` and whole,
 // or `failed` and not retried) are never written, so never checked.
-void check_request_images(const JobPlan& plan, const ResultsLog& log, bool retry_failed, const fs::path& out) {
+void check_request_images(const JobPlan& plan, const ResultsLog& log, bool retry_failed, const fs::path& out,
+                          const LoraHashes& lora_hashes) {
   const Manifest& m = plan.manifest;
   std::error_code ec;
   auto check = [&](const JobRequest& r, const std::string& rel, OutputKind kind, bool kept) {
@@ -107,7 +115,10 @@ void check_request_images(const JobPlan& plan, const ResultsLog& log, bool retry
     if (!fs::exists(fs::symlink_status(path, ec))) return;
     if (auto it = log.records().find(r.id); it != log.records().end()) {
       if (it->second.status == "failed" && !retry_failed) return;
-      if (it->second.status == "done" && kept) return;
+      // Made with other adapters: it runs again (resume), so its files are replaced.
+      if (it->second.status == "done" && kept && !lora_change(it->second.loras, lora_records(r, m, lora_hashes)).content) {
+        return;
+      }
     }
     const std::string why = foreign_output(path.string(), kind);
     if (!why.empty()) {
@@ -193,6 +204,7 @@ void JobRun::validate() {
   control_.agree([&] { plan_ = read_plan(options_); });
   if (rank_ != 0) plan_ = read_plan(options_);
   const Manifest& m = plan_.manifest;
+  hash_loras();
   const int world = session_.world();
   control_.agree([&] {
     const int dp = m.tp == 0 ? 0 : m.dp > 0 ? m.dp : (world % m.tp == 0 ? world / m.tp : 0);
@@ -222,9 +234,28 @@ void JobRun::validate() {
     if (fs::is_directory(out_dir_, ec)) {
       lock_ = OutputLock::acquire(out_dir_.string());
       log_ = std::make_unique<ResultsLog>(out_dir_.string());
-      check_request_images(plan_, *log_, options_.retry_failed, out_dir_);
+      check_request_images(plan_, *log_, options_.retry_failed, out_dir_, lora_hashes_);
     }
   });
+}
+
+// The adapters' content hashes for the records and resume: world rank 0
+// reads each distinct file once (sequentially, in chunks), every rank gets
+// them; an unreadable file ends the job on every rank, before any load.
+void JobRun::hash_loras() {
+  std::string json;
+  control_.agree([&] {
+    uint64_t bytes = 0;
+    const auto t0 = Clock::now();
+    const LoraHashes hashes = hash_lora_files(plan_.requests, &bytes);
+    if (!hashes.empty()) {
+      spdlog::info("LoRA adapters: {} file(s), {} hashed (XXH3-128) in {:.2f} s", hashes.size(), format_bytes(bytes),
+                   seconds_since(t0));
+    }
+    json = lora_hashes_json(hashes);
+  });
+  control_.broadcast(json);
+  lora_hashes_ = parse_lora_hashes(json);
 }
 
 // 2. The mesh: dp replicas x tp groups.
@@ -303,6 +334,21 @@ void JobRun::resume() {
           if (!videos_whole(m, out_dir_, rec, why)) {
             spdlog::warn("request {}: recorded done, but {}; it runs again", r.id, why);
             image_ok = false;
+          }
+        }
+        if (rec.status == "done" && image_ok) {
+          // Made with other adapters (another file content, scale, count or
+          // order): not this request's result; it runs again, replacing
+          // tprun's own outputs (never a file tprun did not write). The same
+          // bytes under other names: kept, and said.
+          const LoraChange change = lora_change(rec.loras, lora_records(r, m, lora_hashes_));
+          if (change.content) {
+            spdlog::warn("request {}: recorded done, but {}; it runs again", r.id, change.what);
+            image_ok = false;
+          } else if (change.names) {
+            spdlog::warn("request {}: recorded done with the same adapter files by content and scale under other "
+                         "paths ({}); kept as done",
+                         r.id, change.what);
           }
         }
         if ((rec.status == "done" && image_ok) || (rec.status == "failed" && !options_.retry_failed)) {
@@ -451,12 +497,18 @@ void JobRun::load_pipeline(bool encoders_only) {
   lo.component_base.memory = m.memory;
   lo.text_encoders = !staged_ || encoders_only;
   lo.denoiser = !staged_ || !encoders_only;
+  // TODO(integrator): the [lora] options, once PipelineOptions has them:
+  // lo.lora_strict = m.lora_strict;
+  // lo.lora_apply = m.lora_apply;
   const auto t0 = Clock::now();
   pipe_ = pipelines::load_pipeline(m.model, tp, lo);
   encoders_loaded_ = staged_ && encoders_only;
   spdlog::info("loaded {} ({}{}) in {:.2f} s ({} bytes on this rank)", m.model, pipe_->class_name(),
                !staged_ ? "" : encoders_only ? ": text encoders" : ": transformer and VAE", seconds_since(t0),
                pipe_->bytes_loaded());
+  // A pipeline loaded after the schedule (staged: the transformer and VAE of
+  // each round, the encoders of the next) is told the replica's sets too.
+  if (loras_prepared_) prepare_loras(false);
 }
 
 // Every request to run is checked once (batching, the store and the loop use
@@ -482,15 +534,30 @@ void JobRun::schedule() {
   const Manifest& m = plan_.manifest;
   auto units = make_units(todo_, m.batch_size, [&](const JobRequest& r) -> std::optional<std::string> {
     if (!runnable_.count(&r)) return std::nullopt;
-    return pipe_->batch_key(r.gen);
+    // A batch never mixes adapter sets (the pipeline's key says so too).
+    return pipe_->batch_key(r.gen) + "\n" + lora::lora_set_key(r.gen.lora_set());
   });
   mine_ = assign_units(std::move(units), mesh_->dp_size(),
                        [&](const JobRequest& r) { return pipe_->cost(r.gen); })[static_cast<size_t>(mesh_->dp_rank())];
+  // Each set's units together (the assignment, so the cost, unchanged), then
+  // the sets told to the pipeline before any compute.
+  group_by_lora_set(mine_);
+  if (job_has_loras()) {
+    std::vector<const JobRequest*> runs;
+    for (const Unit& u : mine_) {
+      for (const JobRequest* r : u) {
+        if (runnable_.count(r)) runs.push_back(r);
+      }
+    }
+    lora_sets_ = distinct_lora_sets(runs);
+    prepare_loras(true);
+    loras_prepared_ = true;
+  }
   if (m.hdf5 || m.latents) {
     std::vector<StoreRequest> srs;
     for (const JobRequest* r : todo_) {
       if (!runnable_.count(r)) continue;
-      srs.push_back({r, pipe_->request_latent_shape(r->gen)});
+      srs.push_back({r, pipe_->request_latent_shape(r->gen), lora_records_json(lora_records(*r, m, lora_hashes_))});
     }
     store_ = std::make_unique<Hdf5Store>(out_dir_.string(), m.hdf5, m.latents, srs, control_, MPI_COMM_WORLD);
   }
@@ -505,6 +572,47 @@ void JobRun::schedule() {
     embeddings_ = open_embedding_cache(out_dir_.string(), m, mesh_->tp_size(), session_.device().device, *pipe_,
                                        runnable, control_);
   }
+}
+
+bool JobRun::job_has_loras() const {
+  for (const JobRequest& r : plan_.requests) {
+    if (!r.gen.lora_set().empty()) return true;
+  }
+  return false;
+}
+
+// The replica's adapter sets (lora_sets_, in the order its units run) to the
+// pipeline held now, with the manifest's [lora] options. `agree`: the first
+// time, where every rank calls it at the same point: an Error on any rank
+// (a malformed adapter, keys of another family, ...) ends the job on every
+// rank with that rank's message, before any compute.
+void JobRun::prepare_loras(bool agree) {
+  const Manifest& m = plan_.manifest;
+  std::string error;
+  int64_t kind = 0;
+  try {
+    // TODO(integrator): Pipeline::prepare_loras (pipelines/pipeline.h) is being added; once on main:
+    // pipe_->prepare_loras(lora_sets_, m.lora_strict, m.lora_apply);
+    (void)m;
+  } catch (const Error& e) {
+    if (!agree) throw;
+    error = e.what();
+    kind = static_cast<int64_t>(e.kind());
+  }
+  if (!agree) return;
+  // The first rank that failed (world order) and its message, on every rank.
+  at::Tensor who = at::full({1}, error.empty() ? int64_t{INT32_MAX} : int64_t{rank_}, at::TensorOptions().dtype(at::kLong));
+  mesh_->world().all_reduce(who, {dist::ReduceOp::Min});
+  const int64_t root = who.item<int64_t>();
+  if (root == INT32_MAX) return;
+  at::Tensor head = at::tensor({kind, static_cast<int64_t>(error.size())}, at::TensorOptions().dtype(at::kLong));
+  mesh_->world().broadcast(head, {static_cast<int>(root)});
+  at::Tensor text = at::zeros({head[1].item<int64_t>()}, at::TensorOptions().dtype(at::kByte));
+  if (rank_ == root) std::memcpy(text.data_ptr(), error.data(), error.size());
+  mesh_->world().broadcast(text, {static_cast<int>(root)});
+  const std::string message(reinterpret_cast<const char*>(text.data_ptr()), static_cast<size_t>(text.numel()));
+  throw Error(static_cast<Error::Kind>(head[0].item<int64_t>()),
+              fmt::format("{} (raised on rank {})", message, root), true);
 }
 
 void parse_shard(const std::string& text, RunOptions& o) {
