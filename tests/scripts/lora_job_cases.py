@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""`tprun run` with LoRA adapters (issue 34), the jobs side: what the records say and what resume does
+with them, and the inputs refused before any load.
+
+usage: lora_job_cases.py TPRUN MPIRUN CASE
+CASE:
+  records  a tiny FLUX.1 job at dp 2 with [[loras]] and per-request "loras" (PEFT files on one attention
+           projection): each results.jsonl line names its adapters (as written, resolved, scale, the
+           same XXH3-128 for the same bytes); the summary counts the sets and switches; a rerun skips
+           all; a changed scale or changed file bytes reruns exactly that request with a warning naming
+           it; adapters moved (same bytes) keep the record with a warning; a request without adapters
+           has no "loras" in its line.
+  inputs   bad adapter inputs under mpirun -np 2: exit 3 on both ranks naming the file and field, no
+           model loaded, nothing written (a path outside the manifest's folder or a symlink leading out,
+           a folder, a FIFO, a missing file, a non-finite scale, an unknown key, a bad [lora] apply).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tprun_harness import jsonl, results, tiny_flux, write, write_manifest  # noqa: E402
+
+TPRUN, MPIRUN, CASE = sys.argv[1:4]
+
+
+def fail(msg):
+    raise SystemExit("FAIL: " + msg)
+
+
+def mpirun(np_, *args, check=True, timeout=300):
+    cmd = [MPIRUN, "-np", str(np_), "--oversubscribe", TPRUN, *args, "--log-dir", ""]
+    print("+", " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        print(p.stdout)
+        fail(f"exit code {p.returncode}")
+    return p
+
+
+def adapter(model, path, seed, rank=2):
+    """A PEFT (diffusers) LoRA file for the tiny model: lora_A / lora_B on the first double block's to_q."""
+    from safetensors.numpy import save_file
+    cfg = json.load(open(os.path.join(model, "transformer", "config.json")))
+    inner = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    rng = np.random.default_rng(seed)
+    key = "transformer.transformer_blocks.0.attn.to_q"
+    save_file({f"{key}.lora_A.weight": (0.05 * rng.standard_normal((rank, inner))).astype(np.float32),
+               f"{key}.lora_B.weight": (0.05 * rng.standard_normal((inner, rank))).astype(np.float32)}, path)
+    return path
+
+
+def job(tmp, rows, tail):
+    requests = jsonl(os.path.join(tmp, "r.jsonl"), rows)
+    return write_manifest(os.path.join(tmp, "job.toml"), os.path.join(tmp, "model"), requests,
+                          os.path.join(tmp, "out"), parallel={"tp": 1, "dp": 2}, tail=tail)
+
+
+def by_id(out):
+    return {r["id"]: r for r in results(out)}
+
+
+def records(tmp):
+    model = tiny_flux(TPRUN, os.path.join(tmp, "model"))
+    os.makedirs(os.path.join(tmp, "adapters"))
+    a = adapter(model, os.path.join(tmp, "adapters", "a.safetensors"), 1)
+    b = adapter(model, os.path.join(tmp, "adapters", "b.safetensors"), 2)
+    rows = [{"id": "job-set", "prompt": "a red fox"},
+            {"id": "own", "prompt": "a red fox", "loras": [{"path": "adapters/b.safetensors", "scale": 0.7}]},
+            {"id": "none", "prompt": "a red fox", "loras": []},
+            {"id": "job-set-2", "prompt": "a lighthouse"},
+            {"id": "own-2", "prompt": "a lighthouse", "loras": [{"path": "./adapters/b.safetensors", "scale": 0.7}]}]
+    tail = '[[loras]]\npath = "adapters/a.safetensors"\nscale = 0.5\n'
+    m = job(tmp, rows, tail)
+    out = os.path.join(tmp, "out")
+    p = mpirun(2, "run", m, "--progress", "none")
+    recs = by_id(out)
+    if sorted(recs) != sorted(r["id"] for r in rows) or any(r["status"] != "done" for r in recs.values()):
+        print(p.stdout)
+        fail(f"records: {recs}")
+    ja, ow, no = recs["job-set"].get("loras"), recs["own"].get("loras"), recs["none"].get("loras")
+    if no is not None:
+        fail(f"a request without adapters has 'loras' in its line: {recs['none']}")
+    if not ja or len(ja) != 1 or ja[0]["path"] != "adapters/a.safetensors" or ja[0]["scale"] != 0.5 \
+            or ja[0]["resolved"] != os.path.realpath(a):
+        fail(f"the job set's record: {ja}")
+    if not ow or len(ow) != 1 or ow[0]["path"] != "adapters/b.safetensors" or ow[0]["scale"] != 0.7 \
+            or ow[0]["resolved"] != os.path.realpath(b):
+        fail(f"a request's own adapters' record: {ow}")
+    if recs["own-2"]["loras"][0]["path"] != "./adapters/b.safetensors" or recs["own-2"]["loras"][0]["xxh3"] != ow[0]["xxh3"]:
+        fail(f"the same file named another way: {recs['own-2']['loras']}")
+    if len(ja[0]["xxh3"]) != 32 or ja[0]["xxh3"] == ow[0]["xxh3"]:
+        fail(f"hashes: {ja[0]['xxh3']} {ow[0]['xxh3']}")
+    summary = [l for l in p.stdout.splitlines() if "LoRA adapter sets 3 distinct" in l]
+    hashed = [l for l in p.stdout.splitlines() if "LoRA adapters: 2 file(s)" in l]
+    print(f"summary: {summary}; hashed: {hashed}", flush=True)
+    if len(summary) != 1 or len(hashed) != 1:
+        print(p.stdout)
+        fail("the summary line does not count the sets, or the files were not hashed once")
+    # Each replica switches at most once per set it runs (3 sets, 2 replicas: at most 3 + 3).
+    switches = int(summary[0].split("distinct, ")[1].split(" ")[0])
+    if not 3 <= switches <= 6:
+        fail(f"{switches} switches for 3 sets over 2 replicas")
+
+    # A rerun: nothing runs.
+    p = mpirun(2, "run", m, "--progress", "none")
+    if "5 already finished, 0 to run" not in p.stdout:
+        print(p.stdout)
+        fail("the rerun did not skip every request")
+
+    # Another scale for one request: that one runs again, with a warning naming it.
+    rows[1]["loras"][0]["scale"] = 0.9
+    m = job(tmp, rows, tail)
+    p = mpirun(2, "run", m, "--progress", "none")
+    warned = [l for l in p.stdout.splitlines() if "request own: recorded done, but recorded with adapters" in l]
+    if "4 already finished, 1 to run" not in p.stdout or len(warned) != 1 or "x0.9" not in warned[0]:
+        print(p.stdout)
+        fail("a changed scale did not rerun its request with a warning")
+    if by_id(out)["own"]["loras"][0]["scale"] != 0.9:
+        fail("the rerun's record does not name the new scale")
+
+    # The job set's file rewritten (other bytes): both requests of the job set run again.
+    adapter(model, a, 3)
+    p = mpirun(2, "run", m, "--progress", "none")
+    if "3 already finished, 2 to run" not in p.stdout or p.stdout.count("it runs again") != 2:
+        print(p.stdout)
+        fail("changed adapter bytes did not rerun the requests that use the file")
+    if by_id(out)["job-set"]["loras"][0]["xxh3"] == ja[0]["xxh3"]:
+        fail("the record keeps the old hash")
+
+    # The adapters moved (same bytes): kept as done, said.
+    shutil.move(os.path.join(tmp, "adapters"), os.path.join(tmp, "moved"))
+    for r in rows:
+        for entry in r.get("loras", []):
+            entry["path"] = entry["path"].replace("adapters/", "moved/")
+    m = job(tmp, rows, tail.replace("adapters/", "moved/"))
+    p = mpirun(2, "run", m, "--progress", "none")
+    if "5 already finished, 0 to run" not in p.stdout or p.stdout.count("kept as done") != 4:
+        print(p.stdout)
+        fail("adapters moved with the same bytes were not kept as done with a warning")
+
+
+def inputs(tmp):
+    model = tiny_flux(TPRUN, os.path.join(tmp, "model"))
+    os.makedirs(os.path.join(tmp, "job", "adapters"))
+    os.makedirs(os.path.join(tmp, "outside"))
+    adapter(model, os.path.join(tmp, "job", "adapters", "a.safetensors"), 1)
+    far = adapter(model, os.path.join(tmp, "outside", "far.safetensors"), 2)
+    os.symlink(far, os.path.join(tmp, "job", "adapters", "link.safetensors"))
+    os.mkfifo(os.path.join(tmp, "job", "adapters", "fifo.safetensors"))
+    os.makedirs(os.path.join(tmp, "job", "adapters", "dir.safetensors"))
+    out = os.path.join(tmp, "out")
+
+    def case(label, tail, loras, want):
+        d = os.path.join(tmp, "job")
+        row = {"id": "a", "prompt": "x"}
+        if loras is not None:
+            row["loras"] = loras
+        requests = jsonl(os.path.join(d, "r.jsonl"), [row])
+        m = write_manifest(os.path.join(d, "job.toml"), model, "r.jsonl", out, tail=tail)
+        p = mpirun(2, "run", m, "--progress", "none", check=False, timeout=120)
+        named = [l for l in p.stdout.splitlines() if want.format(job=m, requests=requests) in l]
+        print(f"{label}: exit {p.returncode}, named on {len(named)} rank(s)", flush=True)
+        if p.returncode != 3 or len(named) < 2 or "loaded " in p.stdout or os.path.exists(out):
+            print(p.stdout)
+            fail(f"{label}: not refused on every rank before the load, or something was written")
+
+    case("outside the folder", "", [{"path": "../outside/far.safetensors"}],
+         "{requests}:1: loras[0].path: ../outside/far.safetensors resolves to")
+    case("a symlink leading out", "", [{"path": "adapters/link.safetensors"}],
+         "{requests}:1: loras[0].path: adapters/link.safetensors resolves to")
+    case("a folder", "", [{"path": "adapters/dir.safetensors"}], "loras[0].path: adapters/dir.safetensors is a folder")
+    case("a FIFO", "", [{"path": "adapters/fifo.safetensors"}], "is not a regular file (a pipe)")
+    case("a missing file", "", [{"path": "adapters/none.safetensors"}], "adapters/none.safetensors does not exist")
+    case("a scale out of bounds", "", [{"path": "adapters/a.safetensors", "scale": 1e300}],
+         "{requests}:1: loras[0].scale: 1e+300 is outside")
+    case("an unknown key", "", [{"path": "adapters/a.safetensors", "weight": 1}], "loras[0].weight: unknown field")
+    case("[[loras]] a folder", '[[loras]]\npath = "adapters/dir.safetensors"\n', None,
+         "{job}:12: loras[0].path: adapters/dir.safetensors is a folder")
+    case("[[loras]] nan", '[[loras]]\npath = "adapters/a.safetensors"\nscale = nan\n', None,
+         "{job}:13: loras[0].scale: nan is outside")
+    case("[lora] apply", '[lora]\napply = "merged"\n', None, "{job}:12: lora.apply: 'merged' is not one of")
+    # [lora] dirs lets a request reach the folder outside; the symlink then resolves inside it.
+    d = os.path.join(tmp, "job")
+    jsonl(os.path.join(d, "r.jsonl"), [{"id": "a", "prompt": "x", "loras": [{"path": "adapters/link.safetensors"}]}])
+    m = write_manifest(os.path.join(d, "job.toml"), model, "r.jsonl", out, tail='[lora]\ndirs = ["../outside"]\n')
+    mpirun(2, "run", m, "--progress", "none")
+    rec = results(out)[0]
+    if rec["status"] != "done" or rec["loras"][0]["resolved"] != os.path.realpath(far):
+        fail(f"[lora] dirs: {rec}")
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix=f"tprun-lora-jobs-{CASE}-")
+    try:
+        {"records": records, "inputs": inputs}[CASE](tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"lora_job_cases {CASE}: ok")
+
+
+if __name__ == "__main__":
+    main()
