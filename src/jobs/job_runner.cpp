@@ -601,10 +601,12 @@ void JobRun::prepare_loras(bool agree) {
   }
   if (!agree) return;
   // The first rank that failed (world order) and its message, on every rank.
-  at::Tensor who = at::full({1}, error.empty() ? int64_t{INT32_MAX} : int64_t{rank_}, at::TensorOptions().dtype(at::kLong));
-  mesh_->world().all_reduce(who, {dist::ReduceOp::Min});
-  const int64_t root = who.item<int64_t>();
-  if (root == INT32_MAX) return;
+  // (world - rank where it failed, else 0: the largest is the first rank that failed.)
+  const int64_t world = session_.world();
+  at::Tensor who = at::full({1}, error.empty() ? int64_t{0} : world - rank_, at::TensorOptions().dtype(at::kLong));
+  mesh_->world().all_reduce(who, {dist::ReduceOp::Max});
+  if (who.item<int64_t>() == 0) return;
+  const int64_t root = world - who.item<int64_t>();
   at::Tensor head = at::tensor({kind, static_cast<int64_t>(error.size())}, at::TensorOptions().dtype(at::kLong));
   mesh_->world().broadcast(head, {static_cast<int>(root)});
   at::Tensor text = at::zeros({head[1].item<int64_t>()}, at::TensorOptions().dtype(at::kByte));
