@@ -209,7 +209,7 @@ TEST_F(LoraJobFiles, RequestRefusesBadLoras) {
       {R"("loras": [{"path": "adapters/style.safetensors"}, {"path": "adapters/../adapters/style.safetensors"}])",
        ":3: loras[1].path: adapters/../adapters/style.safetensors is listed twice (also loras[0])"},
       {R"("loras": [{"path": "adapters/none.safetensors"}])", ":3: loras[0].path: adapters/none.safetensors does not exist"},
-      {R"("loras": [{"path": "adapters"}])", "does not end in .safetensors"},
+      {R"("loras": [{"path": "adapters"}])", ":3: loras[0].path: adapters does not end in .safetensors"},
   };
   for (const auto& [field, want] : cases) {
     const std::string line = R"({"id": "a", "prompt": "x", )" + field + "}";
