@@ -61,13 +61,10 @@ JobPlan read_plan(const RunOptions& o) {
   p.manifest = parse_manifest(o.manifest, o.overrides);
   check_requests_file(p.manifest.path, p.manifest.requests);
   check_paths(p.manifest);
-  resolve_manifest_loras(p.manifest);  // [[loras]] and [lora] dirs: each checked, made canonical
   check_defaults(p.manifest);  // against the pipeline's own limits, before any weight
-  const LoraPathRule lora_rule(p.manifest);
-  p.requests = read_requests(p.manifest.requests, p.manifest.defaults,
-                             [&lora_rule](const std::string& written, std::string& resolved) {
-                               return lora_rule.resolve(written, resolved);
-                             });
+  // [[loras]] and [lora] dirs checked and made canonical, then the requests with their adapter paths held
+  // to the rule (jobs/lora_paths.h).
+  p.requests = read_job_requests(p.manifest);
   if (o.shard_count > 0) {
     check_shard_count({o.shard_index, o.shard_count}, p.requests.size(), p.manifest.requests);
     std::vector<JobRequest> mine;
@@ -497,9 +494,6 @@ void JobRun::load_pipeline(bool encoders_only) {
   lo.component_base.memory = m.memory;
   lo.text_encoders = !staged_ || encoders_only;
   lo.denoiser = !staged_ || !encoders_only;
-  // TODO(integrator): the [lora] options, once PipelineOptions has them:
-  // lo.lora_strict = m.lora_strict;
-  // lo.lora_apply = m.lora_apply;
   const auto t0 = Clock::now();
   pipe_ = pipelines::load_pipeline(m.model, tp, lo);
   encoders_loaded_ = staged_ && encoders_only;
@@ -591,9 +585,7 @@ void JobRun::prepare_loras(bool agree) {
   std::string error;
   int64_t kind = 0;
   try {
-    // TODO(integrator): Pipeline::prepare_loras (pipelines/pipeline.h) is being added; once on main:
-    // pipe_->prepare_loras(lora_sets_, m.lora_strict, m.lora_apply);
-    (void)m;
+    pipe_->prepare_loras(lora_sets_, m.lora_strict, m.lora_apply);
   } catch (const Error& e) {
     if (!agree) throw;
     error = e.what();

@@ -144,4 +144,12 @@ std::string LoraPathRule::resolve(const std::string& written, std::string& resol
                      clip_text(resolved, 400), clip_text(roots, 800));
 }
 
+std::vector<JobRequest> read_job_requests(Manifest& m) {
+  resolve_manifest_loras(m);
+  const LoraPathRule rule(m);
+  return read_requests(m.requests, m.defaults, [&rule](const std::string& written, std::string& resolved) {
+    return rule.resolve(written, resolved);
+  });
+}
+
 }  // namespace tprun::jobs

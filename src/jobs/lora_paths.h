@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "jobs/manifest.h"
+#include "jobs/request_list.h"
 
 namespace tprun::jobs {
 
@@ -62,5 +63,12 @@ class LoraPathRule {
   std::string base_;                // the manifest's folder, canonical
   std::vector<std::string> roots_;  // base_ first, then the [lora] dirs, then the [[loras]] files' folders
 };
+
+// The requests of a parsed manifest as `tprun run` reads them: the
+// manifest's adapters resolved first (resolve_manifest_loras, on `m`), then
+// read_requests with each request's adapter paths held to the rule. For
+// every reader of a job's requests that needs the adapter files (`tprun run`,
+// `tprun plan` counting their bytes).
+std::vector<JobRequest> read_job_requests(Manifest& m);
 
 }  // namespace tprun::jobs
