@@ -10,6 +10,8 @@ CASE:
            all; a changed scale or changed file bytes reruns exactly that request with a warning naming
            it; adapters moved (same bytes) keep the record with a warning; a request without adapters
            has no "loras" in its line.
+  staged   the same job with [schedule] phases = "staged" (the adapters prepared on each pipeline the
+           replicas load) gives the same PNG bytes as "together", at dp 2.
   inputs   bad adapter inputs under mpirun -np 2: exit 3 on both ranks naming the file and field, no
            model loaded, nothing written (a path outside the manifest's folder or a symlink leading out,
            a folder, a FIFO, a missing file, a non-finite scale, an unknown key, a bad [lora] apply).
@@ -145,6 +147,43 @@ def records(tmp):
         fail("adapters moved with the same bytes were not kept as done with a warning")
 
 
+def staged(tmp):
+    model = tiny_flux(TPRUN, os.path.join(tmp, "model"))
+    os.makedirs(os.path.join(tmp, "adapters"))
+    adapter(model, os.path.join(tmp, "adapters", "a.safetensors"), 1)
+    adapter(model, os.path.join(tmp, "adapters", "b.safetensors"), 2)
+    rows = [{"id": "job-set", "prompt": "a red fox"},
+            {"id": "own", "prompt": "a red fox", "loras": [{"path": "adapters/b.safetensors", "scale": 0.7}]},
+            {"id": "none", "prompt": "a red fox", "loras": []},
+            {"id": "both", "prompt": "a lighthouse", "loras": [{"path": "adapters/b.safetensors", "scale": -0.5},
+                                                             {"path": "adapters/a.safetensors"}]}]
+    images = {}
+    for phases in ("together", "staged"):
+        out = os.path.join(tmp, "out-" + phases)
+        requests = jsonl(os.path.join(tmp, "r.jsonl"), rows)
+        m = write_manifest(os.path.join(tmp, "job.toml"), os.path.join(tmp, "model"), requests, out,
+                           parallel={"tp": 1, "dp": 2},
+                           tail='[schedule]\nphases = "%s"\n[[loras]]\npath = "adapters/a.safetensors"\nscale = 0.5\n'
+                           % phases)
+        mpirun(2, "run", m, "--progress", "none")
+        recs = by_id(out)
+        if sorted(recs) != sorted(r["id"] for r in rows) or any(r["status"] != "done" for r in recs.values()):
+            fail(f"{phases}: {recs}")
+        images[phases] = {r["id"]: open(os.path.join(out, "images", r["id"] + ".png"), "rb").read() for r in rows}
+    from PIL import Image
+    import io
+    for r in rows:
+        a = np.asarray(Image.open(io.BytesIO(images["together"][r["id"]])).convert("RGB"))
+        b = np.asarray(Image.open(io.BytesIO(images["staged"][r["id"]])).convert("RGB"))
+        print(f"{r['id']}: staged vs together max diff {int(np.abs(a.astype(int) - b.astype(int)).max())}", flush=True)
+        if not np.array_equal(a, b):
+            fail(f"{r['id']}: the staged image differs from the together one")
+    base = np.asarray(Image.open(io.BytesIO(images["together"]["none"])).convert("RGB")).astype(int)
+    for rid in ("job-set", "own", "both"):
+        other = np.asarray(Image.open(io.BytesIO(images["together"][rid])).convert("RGB")).astype(int)
+        print(f"{rid}: differs from the base image by up to {int(np.abs(other - base).max())}", flush=True)
+
+
 def inputs(tmp):
     model = tiny_flux(TPRUN, os.path.join(tmp, "model"))
     os.makedirs(os.path.join(tmp, "job", "adapters"))
@@ -198,7 +237,7 @@ def inputs(tmp):
 def main():
     tmp = tempfile.mkdtemp(prefix=f"tprun-lora-jobs-{CASE}-")
     try:
-        {"records": records, "inputs": inputs}[CASE](tmp)
+        {"records": records, "staged": staged, "inputs": inputs}[CASE](tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"lora_job_cases {CASE}: ok")
