@@ -224,6 +224,23 @@ def inputs(tmp):
     case("[[loras]] nan", '[[loras]]\npath = "adapters/a.safetensors"\nscale = nan\n', None,
          "{job}:13: loras[0].scale: nan is outside")
     case("[lora] apply", '[lora]\napply = "merged"\n', None, "{job}:12: lora.apply: 'merged' is not one of")
+    # A truncated adapter that one replica's request names (dp 2): the pipeline's prepare refuses it, and
+    # both ranks (the other replica too) end naming it, before any image.
+    bad = os.path.join(tmp, "job", "adapters", "bad.safetensors")
+    data = open(os.path.join(tmp, "job", "adapters", "a.safetensors"), "rb").read()
+    write(bad, data[: len(data) // 2], "wb")
+    d = os.path.join(tmp, "job")
+    jsonl(os.path.join(d, "r.jsonl"), [{"id": "a", "prompt": "x", "loras": [{"path": "adapters/bad.safetensors"}]},
+                                       {"id": "b", "prompt": "x", "loras": []}])
+    m = write_manifest(os.path.join(d, "job.toml"), model, "r.jsonl", out, parallel={"tp": 1, "dp": 2})
+    p = mpirun(2, "run", m, "--progress", "none", check=False, timeout=120)
+    named = [l for l in p.stdout.splitlines() if "bad.safetensors" in l and "raised on rank" in l]
+    print(f"a truncated adapter: exit {p.returncode}, named on {len(named)} rank(s)", flush=True)
+    if p.returncode in (0, 6) or len(named) < 2 or os.path.exists(os.path.join(out, "images", "b.png")) \
+            or open(bad, "rb").read() != data[: len(data) // 2]:
+        print(p.stdout)
+        fail("a truncated adapter was not refused on every rank before any image, or it was changed")
+    shutil.rmtree(out)
     # [lora] dirs lets a request reach the folder outside; the symlink then resolves inside it.
     d = os.path.join(tmp, "job")
     jsonl(os.path.join(d, "r.jsonl"), [{"id": "a", "prompt": "x", "loras": [{"path": "adapters/link.safetensors"}]}])
