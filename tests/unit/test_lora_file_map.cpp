@@ -146,16 +146,16 @@ TEST(LoraNames, MatchDiffusersConverters) {
     SCOPED_TRACE(c["name"].get<std::string>());
     std::vector<T> tensors;
     for (const json& t : c["tensors"]) {
-      T one{t["key"], t["shape"].get<std::vector<int64_t>>()};
+      T one{t["key"].get<std::string>(), t["shape"].get<std::vector<int64_t>>()};
       if (t.contains("alpha")) one.alpha = t["alpha"].get<float>();
       tensors.push_back(one);
     }
-    const Component model(c["config"]);
+    const Component model(json(c["config"]));
     const LoraLayout l = map(write_adapter(dir, c["name"].get<std::string>() + ".safetensors", tensors),
                              {model.target("transformer")});
     ASSERT_EQ(part_count(l), c["expected"].size());
     for (const json& e : c["expected"]) {
-      const LoraModulePart* p = part(l, "transformer", e["module"]);
+      const LoraModulePart* p = part(l, "transformer", e["module"].get<std::string>());
       ASSERT_NE(p, nullptr) << e["module"];
       EXPECT_EQ(p->down_key, e["down_key"]) << e["module"];
       EXPECT_EQ(p->up_key, e["up_key"]) << e["module"];
