@@ -11,8 +11,15 @@ which tests/unit/test_lora_file_map.cpp maps with tprun and compares part by par
 
 --check: compare with the committed JSON instead of writing it (exit 1 on a difference).
 
-Where tprun follows intent over diffusers (cases list "diffusers_differs"): none of these cases
-includes a key diffusers maps differently; see the unit test for those (FLUX.2's final_layer swap).
+The cases leave out what tprun deliberately does differently from diffusers 0.40 (each said in
+src/models/*_lora_names.cpp or src/lora/lora_file_map.h):
+- FLUX.1 kohya final_layer alphas: diffusers' converter drops them unread; tprun folds alpha / rank in.
+- FLUX.2 final_layer.adaLN_modulation.1: diffusers maps it to norm_out.linear unswapped, although its
+  checkpoint converter swaps the base weight's (shift, scale) halves; tprun swaps B's halves
+  (unit test LoraFileMap.Flux2FinalLayerSwappedAsItsBaseWeights).
+- FLUX.1 kohya img_in / txt_in / time_in / vector_in / guidance_in / final_layer: diffusers' converter
+  writes them without the "transformer." prefix, so load_lora_weights then drops them silently; the
+  converter's mapping is what this script compares, and tprun applies them.
 """
 import argparse
 import json
@@ -65,6 +72,11 @@ class Builder:
 
     def peft(self, stem, rank, inp, out, alpha=None):
         self.pair(stem, ".lora_A.weight", ".lora_B.weight", rank, inp, out, alpha)
+
+
+def fresh(sd):
+    """A copy of the state dict with its own tensors: some converters scale in place (`*=`)."""
+    return {k: v.clone() for k, v in sd.items()}
 
 
 def derive(source, converted):
@@ -131,9 +143,10 @@ def flux1_kohya():
     b.kohya("lora_unet_single_blocks_1_linear1", 4, inner, 3 * inner + mlp, alpha=4)
     b.kohya("lora_unet_single_blocks_0_linear2", 2, inner + mlp, inner, alpha=1)
     b.kohya("lora_unet_single_blocks_0_modulation_lin", 2, inner, 3 * inner)
-    b.kohya("lora_unet_final_layer_adaLN_modulation_1", 2, inner, 2 * inner, alpha=4)
+    # No alpha here: diffusers' converter drops final_layer alphas unread ("TODO: alphas"); tprun folds them in.
+    b.kohya("lora_unet_final_layer_adaLN_modulation_1", 2, inner, 2 * inner)
     b.kohya("lora_unet_img_in", 2, 16, inner)
-    converted = conv._convert_kohya_flux_lora_to_diffusers(dict(b.sd))
+    converted = conv._convert_kohya_flux_lora_to_diffusers(fresh(b.sd))
     return case("flux1_kohya", FLUX1, b, converted)
 
 
@@ -148,7 +161,7 @@ def flux2_bfl():
     b.peft("diffusion_model.single_blocks.0.linear2", 2, inner + mlp, inner)
     b.peft("diffusion_model.double_stream_modulation_img.lin", 2, inner, 6 * inner)
     b.peft("diffusion_model.time_in.in_layer", 2, 32, inner)
-    return case("flux2_bfl", FLUX2, b, conv._convert_non_diffusers_flux2_lora_to_diffusers(dict(b.sd)))
+    return case("flux2_bfl", FLUX2, b, conv._convert_non_diffusers_flux2_lora_to_diffusers(fresh(b.sd)))
 
 
 def flux2_kohya():
@@ -159,7 +172,7 @@ def flux2_kohya():
     b.kohya("lora_unet_single_blocks_0_linear1", 4, inner, 3 * inner + 2 * mlp, alpha=2)
     b.kohya("lora_unet_single_blocks_1_linear2", 2, inner + mlp, inner)
     b.kohya("lora_unet_txt_in", 2, 24, inner, alpha=4)
-    return case("flux2_kohya", FLUX2, b, conv._convert_kohya_flux2_lora_to_diffusers(dict(b.sd)))
+    return case("flux2_kohya", FLUX2, b, conv._convert_kohya_flux2_lora_to_diffusers(fresh(b.sd)))
 
 
 def wan_original():
@@ -170,7 +183,7 @@ def wan_original():
     b.peft("diffusion_model.blocks.1.ffn.0", 4, inner, ffn)
     b.peft("diffusion_model.blocks.1.ffn.2", 4, ffn, inner)
     b.peft("diffusion_model.head.head", 2, inner, 4 * 4)
-    return case("wan_original", WAN, b, conv._convert_non_diffusers_wan_lora_to_diffusers(dict(b.sd)))
+    return case("wan_original", WAN, b, conv._convert_non_diffusers_wan_lora_to_diffusers(fresh(b.sd)))
 
 
 def wan_original_alpha():
@@ -180,7 +193,7 @@ def wan_original_alpha():
         b.pair(f"diffusion_model.blocks.{i}.self_attn.k", ".lora_down.weight", ".lora_up.weight", 4, inner, inner,
                alpha=2)
         b.pair(f"diffusion_model.blocks.{i}.ffn.2", ".lora_down.weight", ".lora_up.weight", 2, ffn, inner, alpha=8)
-    return case("wan_original_alpha", WAN, b, conv._convert_non_diffusers_wan_lora_to_diffusers(dict(b.sd)))
+    return case("wan_original_alpha", WAN, b, conv._convert_non_diffusers_wan_lora_to_diffusers(fresh(b.sd)))
 
 
 def wan_musubi():
@@ -191,7 +204,7 @@ def wan_musubi():
         b.kohya(f"lora_unet_blocks_0_{o}", 2, inner, inner, alpha=1)
     b.kohya("lora_unet_blocks_0_ffn_0", 4, inner, ffn, alpha=8)
     b.kohya("lora_unet_blocks_0_ffn_2", 4, ffn, inner, alpha=2)
-    return case("wan_musubi", WAN, b, conv._convert_musubi_wan_lora_to_diffusers(dict(b.sd)))
+    return case("wan_musubi", WAN, b, conv._convert_musubi_wan_lora_to_diffusers(fresh(b.sd)))
 
 
 def qwen_kohya():
@@ -203,7 +216,7 @@ def qwen_kohya():
     b.kohya("lora_unet_transformer_blocks_1_img_mod_1", 2, inner, 6 * inner, alpha=2)
     b.kohya("lora_unet_transformer_blocks_0_txt_mlp_net_2", 2, 4 * inner, inner, alpha=4)
     b.kohya("lora_unet_img_in", 2, 16, inner, alpha=2)
-    return case("qwen_kohya", QWEN, b, conv._convert_non_diffusers_qwen_lora_to_diffusers(dict(b.sd)))
+    return case("qwen_kohya", QWEN, b, conv._convert_non_diffusers_qwen_lora_to_diffusers(fresh(b.sd)))
 
 
 def main():

@@ -150,7 +150,7 @@ TEST(LoraNames, MatchDiffusersConverters) {
       if (t.contains("alpha")) one.alpha = t["alpha"].get<float>();
       tensors.push_back(one);
     }
-    const Component model(json(c["config"]));
+    const Component model{json(c["config"])};
     const LoraLayout l = map(write_adapter(dir, c["name"].get<std::string>() + ".safetensors", tensors),
                              {model.target("transformer")});
     ASSERT_EQ(part_count(l), c["expected"].size());
@@ -177,9 +177,12 @@ TEST(LoraNames, FamiliesRegisterTheirMaps) {
   // A config the model refuses is refused here too, naming the file.
   json bad = tiny_flux();
   bad["num_layers"] = -1;
-  EXPECT_NE(error_of([&] { models::lora_names_for("FluxTransformer2DModel", bad, "t/config.json"); })
-                .find("t/config.json"),
-            std::string::npos);
+  try {
+    models::lora_names_for("FluxTransformer2DModel", bad, "t/config.json");
+    ADD_FAILURE() << "num_layers -1 accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("t/config.json"), std::string::npos) << e.what();
+  }
 }
 
 // ---- formats --------------------------------------------------------------------
@@ -281,14 +284,14 @@ TEST(LoraFileMap, AdapterMetadata) {
                                   down(sk, 4, kInner), up(sk, kInner, 4)};
   const json meta = {{"transformer.r", 4}, {"transformer.lora_alpha", 8},
                      {"transformer.rank_pattern", {{"^transformer_blocks.0.attn.to_k", 2}}},
-                     {"transformer.alpha_pattern", {{"transformer_blocks.0.attn.to_k", 6}}},
+                     {"transformer.alpha_pattern", {{"attn.to_k", 6}}},
                      {"transformer.use_rslora", false}, {"transformer.target_modules", {"to_q", "to_k"}}};
   LoraLayout l = map(write_adapter(dir, "m.safetensors", tensors, {{"lora_adapter_metadata", meta.dump()}}),
                      {flux.target("transformer")});
   EXPECT_DOUBLE_EQ(part(l, "transformer", "transformer_blocks.0.attn.to_q")->alpha_scale, 2.0);
   EXPECT_DOUBLE_EQ(part(l, "transformer", "transformer_blocks.0.attn.to_k")->alpha_scale, 3.0);
-  // PEFT's pattern match is a suffix match: "transformer_blocks.0.attn.to_k" also
-  // matches the single block's to_k (its rank pattern, anchored by '^', does not).
+  // PEFT matches a pattern at a '.' boundary: "attn.to_k" reaches the single
+  // block's to_k too, the rank pattern anchored by '^' does not (rank 4 there).
   EXPECT_DOUBLE_EQ(part(l, "transformer", "single_transformer_blocks.0.attn.to_k")->alpha_scale, 1.5);
 
   json rs = {{"transformer.r", 4}, {"transformer.lora_alpha", 8}, {"transformer.use_rslora", true},
@@ -307,7 +310,7 @@ TEST(LoraFileMap, AdapterMetadata) {
     EXPECT_NE(e.find(path), std::string::npos) << e;
     EXPECT_NE(e.find(needle), std::string::npos) << e;
   };
-  refused("r.safetensors", json{{"transformer.r", 8}}.dump(), "gives module 'transformer_blocks.0.attn.to_q' rank 8");
+  refused("r.safetensors", json{{"transformer.r", 8}}.dump(), "has rank 4 but the header's 'lora_adapter_metadata' gives");
   refused("j.safetensors", "{not json", "not valid JSON");
   refused("t.safetensors", json{{"transformer.lora_alpha", "8"}}.dump(), "transformer.lora_alpha");
   refused("n.safetensors", json{{"transformer.lora_alpha", -1}}.dump(), "finite positive");
@@ -327,6 +330,26 @@ TEST(LoraFileMap, QwenImageDropsPeftAlphasButNotKohyas) {
   EXPECT_DOUBLE_EQ(part(l, "transformer", "transformer_blocks.0.attn.to_q")->alpha_scale, 1.0);
   EXPECT_DOUBLE_EQ(part(l, "transformer", "transformer_blocks.1.img_mod.1")->alpha_scale, 4.0);
   EXPECT_EQ(l.skipped_keys, std::vector<std::string>{q + ".alpha"});
+}
+
+TEST(LoraFileMap, Flux2FinalLayerSwappedAsItsBaseWeights) {
+  // diffusers' FLUX.2 LoRA converter maps final_layer.adaLN_modulation.1 to
+  // norm_out.linear unswapped although its checkpoint converter swaps the base
+  // weight's (shift, scale) halves; tprun swaps B's halves as for FLUX.1.
+  test::TempDir dir;
+  const Component flux2(json{{"_class_name", "Flux2Transformer2DModel"}, {"num_attention_heads", 2},
+                             {"attention_head_dim", 8}, {"axes_dims_rope", {2, 2, 2, 2}}, {"num_layers", 1},
+                             {"num_single_layers", 1}, {"in_channels", 8}, {"joint_attention_dim", 24},
+                             {"timestep_guidance_channels", 32}, {"mlp_ratio", 2.0}, {"guidance_embeds", true}});
+  const std::string f = "diffusion_model.final_layer.adaLN_modulation.1";
+  const std::string m = "base_model.model.double_stream_modulation_txt.lin";
+  const LoraLayout l = map(write_adapter(dir, "f2.safetensors", {down(f, 2, 16), up(f, 32, 2), down(m, 2, 16), up(m, 96, 2)}),
+                           {flux2.target("transformer")});
+  const LoraModulePart* p = part(l, "transformer", "norm_out.linear");
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(p->up_halves_swapped);
+  EXPECT_EQ(p->up_rows, 32);
+  ASSERT_NE(part(l, "transformer", "double_stream_modulation_txt.linear"), nullptr);
 }
 
 // ---- refusals --------------------------------------------------------------------
