@@ -90,7 +90,8 @@ def derive(source, converted):
         module = key[: -len(".lora_A.weight")].removeprefix("transformer.")
         a = converted[key].double()
         b = converted[key.replace(".lora_A.", ".lora_B.")].double()
-        down_key = next(k for k, v in downs.items() if v.shape == a.shape and torch.allclose(a / a.flatten()[0] * v.flatten()[0], v))
+        down_key = next(k for k, v in downs.items()
+                        if v.shape == a.shape and torch.allclose(a / a.flatten()[0] * v.flatten()[0], v))
         scale_a = (a.flatten()[0] / downs[down_key].flatten()[0]).item()
         found = None
         n = b.shape[0]

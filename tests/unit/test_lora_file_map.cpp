@@ -243,7 +243,8 @@ TEST(LoraFileMap, KohyaWithTheConfigsWidths) {
        // underscored diffusers names
        kdown("lora_transformer_transformer_blocks_1_ff_context_net_2", 2, 4 * kInner),
        kup("lora_transformer_transformer_blocks_1_ff_context_net_2", kInner, 2),
-       kdown("lora_te1_text_model_encoder_layers_0_mlp_fc1", 2, 32), kup("lora_te1_text_model_encoder_layers_0_mlp_fc1", 48, 2),
+       kdown("lora_te1_text_model_encoder_layers_0_mlp_fc1", 2, 32),
+       kup("lora_te1_text_model_encoder_layers_0_mlp_fc1", 48, 2),
        alpha("lora_te1_text_model_encoder_layers_0_mlp_fc1", 1.0f),
        // FLUX.1 drops its T5's keys, as diffusers does
        kdown("lora_te2_encoder_block_0_layer_0_SelfAttention_q", 2, 8),
@@ -310,7 +311,8 @@ TEST(LoraFileMap, AdapterMetadata) {
     EXPECT_NE(e.find(path), std::string::npos) << e;
     EXPECT_NE(e.find(needle), std::string::npos) << e;
   };
-  refused("r.safetensors", json{{"transformer.r", 8}}.dump(), "has rank 4 but the header's 'lora_adapter_metadata' gives");
+  refused("r.safetensors", json{{"transformer.r", 8}}.dump(),
+          "has rank 4 but the header's 'lora_adapter_metadata' gives");
   refused("j.safetensors", "{not json", "not valid JSON");
   refused("t.safetensors", json{{"transformer.lora_alpha", "8"}}.dump(), "transformer.lora_alpha");
   refused("n.safetensors", json{{"transformer.lora_alpha", -1}}.dump(), "finite positive");
@@ -343,8 +345,9 @@ TEST(LoraFileMap, Flux2FinalLayerSwappedAsItsBaseWeights) {
                              {"timestep_guidance_channels", 32}, {"mlp_ratio", 2.0}, {"guidance_embeds", true}});
   const std::string f = "diffusion_model.final_layer.adaLN_modulation.1";
   const std::string m = "base_model.model.double_stream_modulation_txt.lin";
-  const LoraLayout l = map(write_adapter(dir, "f2.safetensors", {down(f, 2, 16), up(f, 32, 2), down(m, 2, 16), up(m, 96, 2)}),
-                           {flux2.target("transformer")});
+  const std::string path =
+      write_adapter(dir, "f2.safetensors", {down(f, 2, 16), up(f, 32, 2), down(m, 2, 16), up(m, 96, 2)});
+  const LoraLayout l = map(path, {flux2.target("transformer")});
   const LoraModulePart* p = part(l, "transformer", "norm_out.linear");
   ASSERT_NE(p, nullptr);
   EXPECT_TRUE(p->up_halves_swapped);
