@@ -220,13 +220,39 @@ def qwen_kohya():
     return case("qwen_kohya", QWEN, b, conv._convert_non_diffusers_qwen_lora_to_diffusers(fresh(b.sd)))
 
 
+def qwen_metadata():
+    """diffusers-format keys with lora_adapter_metadata: each module's r and alpha as PEFT's own
+    get_pattern_key picks them from rank_pattern / alpha_pattern (LoraModel._create_and_replace)."""
+    from peft.utils.other import get_pattern_key
+    inner = 32
+    meta = {"r": 4, "lora_alpha": 6, "use_rslora": False,
+            "rank_pattern": {"^transformer_blocks.1.attn.to_k": 2, "img_mod.1": 8},
+            "alpha_pattern": {"attn.to_k": 3, "^transformer_blocks.0.attn.to_q": 16}}
+    modules = {"transformer_blocks.0.attn.to_q": (inner, inner), "transformer_blocks.1.attn.to_q": (inner, inner),
+               "transformer_blocks.0.attn.to_k": (inner, inner), "transformer_blocks.1.attn.to_k": (inner, inner),
+               "transformer_blocks.1.img_mod.1": (inner, 6 * inner), "transformer_blocks.0.attn.add_k_proj": (inner, inner)}
+    b = Builder()
+    parts = []
+    for name, (inp, out) in modules.items():
+        r = meta["rank_pattern"].get(get_pattern_key(meta["rank_pattern"].keys(), name), meta["r"])
+        alpha = meta["alpha_pattern"].get(get_pattern_key(meta["alpha_pattern"].keys(), name), meta["lora_alpha"])
+        b.peft("transformer." + name, r, inp, out)
+        parts.append({"module": name, "down_key": f"transformer.{name}.lora_A.weight",
+                      "up_key": f"transformer.{name}.lora_B.weight", "up_row_offset": 0, "up_rows": out,
+                      "up_halves_swapped": False, "rank": r, "alpha_scale": round(alpha / r, 12)})
+    c = case("qwen_metadata", QWEN, b, {})
+    c["expected"] = sorted(parts, key=lambda p: p["module"])
+    c["metadata"] = json.dumps({f"transformer.{k}": v for k, v in meta.items()}, indent=2, sort_keys=True)
+    return c
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     data = {"generated_by": "tests/scripts/lora_names_check.py",
             "cases": [flux1_kohya(), flux2_bfl(), flux2_kohya(), wan_original(), wan_original_alpha(), wan_musubi(),
-                      qwen_kohya()]}
+                      qwen_kohya(), qwen_metadata()]}
     text = json.dumps(data, indent=1) + "\n"
     if args.check:
         if OUT.read_text() != text:

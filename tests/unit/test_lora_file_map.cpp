@@ -140,7 +140,7 @@ TEST(LoraNames, MatchDiffusersConverters) {
   std::ifstream in(test::data_dir("lora") / "names_expected.json");
   ASSERT_TRUE(in) << "tests/data/lora/names_expected.json (tests/scripts/lora_names_check.py writes it)";
   const json data = json::parse(in);
-  ASSERT_GE(data["cases"].size(), 7u);
+  ASSERT_GE(data["cases"].size(), 8u);
   test::TempDir dir;
   for (const json& c : data["cases"]) {
     SCOPED_TRACE(c["name"].get<std::string>());
@@ -151,7 +151,9 @@ TEST(LoraNames, MatchDiffusersConverters) {
       tensors.push_back(one);
     }
     const Component model{json(c["config"])};
-    const LoraLayout l = map(write_adapter(dir, c["name"].get<std::string>() + ".safetensors", tensors),
+    std::map<std::string, std::string> metadata;
+    if (c.contains("metadata")) metadata["lora_adapter_metadata"] = c["metadata"].get<std::string>();
+    const LoraLayout l = map(write_adapter(dir, c["name"].get<std::string>() + ".safetensors", tensors, metadata),
                              {model.target("transformer")});
     ASSERT_EQ(part_count(l), c["expected"].size());
     for (const json& e : c["expected"]) {
