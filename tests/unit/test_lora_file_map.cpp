@@ -172,7 +172,7 @@ TEST(LoraNames, MatchDiffusersConverters) {
 
 TEST(LoraNames, FamiliesRegisterTheirMaps) {
   for (const char* cls : {"FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel",
-                          "WanTransformer3DModel"}) {
+                          "WanTransformer3DModel", "CLIPTextModel"}) {
     EXPECT_TRUE(models::has_lora_names(cls)) << cls;
   }
   EXPECT_EQ(models::expand_block_pattern("double_blocks.{i}.img_attn.qkv", 17), "double_blocks.17.img_attn.qkv");
@@ -276,6 +276,23 @@ TEST(LoraFileMap, KohyaWithTheConfigsWidths) {
   const std::string e = error_of([&] { map(path, {flux.target("transformer", t5)}); });
   EXPECT_NE(e.find(path), std::string::npos) << e;
   EXPECT_NE(e.find("lora_te1_text_model_encoder_layers_0_mlp_fc1"), std::string::npos) << e;
+}
+
+TEST(LoraFileMap, ClipWithoutTheTextModelPrefix) {
+  // The table of a CLIP checkpoint transformers 5 saved: no "text_model." prefix.
+  Component clip(tiny_clip());
+  for (auto& t : clip.table.tensors) {
+    if (t.name.rfind("text_model.", 0) == 0) t.name = t.name.substr(std::string("text_model.").size());
+  }
+  test::TempDir dir;
+  const std::string te = "text_encoder.text_model.encoder.layers.1.self_attn.out_proj";
+  const std::string k = "lora_te1_text_model_encoder_layers_0_mlp_fc2";
+  const LoraLayout l = map(write_adapter(dir, "te.safetensors", {down(te, 2, 32), up(te, 32, 2), kdown(k, 2, 48),
+                                                                 kup(k, 32, 2)}),
+                           {clip.target("text_encoder")});
+  ASSERT_NE(part(l, "text_encoder", "encoder.layers.1.self_attn.out_proj"), nullptr);
+  ASSERT_NE(part(l, "text_encoder", "encoder.layers.0.mlp.fc2"), nullptr);
+  EXPECT_EQ(part_count(l), 2u);
 }
 
 TEST(LoraFileMap, AdapterMetadata) {
