@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Hostile LoRA adapters given to `tprun generate --lora` (issue 34, "Bad input"), on a tiny FLUX.1
-pipeline (`init-model --arch flux`: 2 heads, so tp 1 and tp 2), each case at tp 1 and at tp 2
-(mpirun -np 2). A refused case must end with ONE error line on every rank, the same text on each,
+pipeline (`init-model --arch flux`: 2 heads, so tp 1 and tp 2), each refusal at tp 2 (mpirun -np 2:
+the case where an error must reach every rank at once; the checks before the adapter's values do not
+depend on the TP size), the non-finite values at tp 1 and tp 2 (each rank reads its own slice), the runs
+at both. A refused case must end with ONE error line on every rank, the same text on each,
 naming the file and the key (or the option / field), with the exit code of the error's kind (README
 "Exit codes": 3 configuration, 4 checkpoint), without an MPI_Abort (a clean, identical error
 everywhere), before any compute (no "step 1/" line), within a hang timeout; the model folder and every
@@ -21,9 +23,6 @@ Cases (one ctest entry each; `lora_hostile.py TPRUN MPIRUN CASE`):
            tp rank 1 reads and an Inf only in the columns of to_out.0's lora_A that rank 1 reads (every
            rank must still fail naming the key: the all-reduce of lora_slices.cpp); --lora-apply fused
            with fp8 layerwise casting refused, and auto then applying at run time.
-
-Known problem (KNOWN_PROBLEMS below, printed XFAIL, not counted): at tp 2 the unreadable headers of `files`
-end in an MPI_Abort instead of one clean error on every rank.
 """
 import hashlib
 import json
@@ -43,14 +42,6 @@ CRASH_WORDS = ("MPI_ABORT", "Segmentation fault", "core dumped", "Aborted", "ter
 SHAPES = {"transformer_blocks.0.attn.to_q": (32, 32), "transformer_blocks.0.attn.to_out.0": (32, 32),
           "transformer_blocks.0.ff.net.0.proj": (128, 32)}
 FP8 = 'layerwise_casting={storage="float8_e4m3fn"}'
-# Cases that fail today, reported to the integrator (issue 34); marked expected to fail at tp 2 until fixed.
-KNOWN_PROBLEMS = {
-    "header_abort": "an adapter whose header cannot be read (truncated, bad JSON, offsets past the end, a huge header "
-                    "length, not safetensors, empty) is refused by checkpoint::ComponentCheckpoint::open in "
-                    "LoraAdapters::Impl::load (lora_adapters.cpp), outside map_lora_file's all-ranks rethrow: the "
-                    "error is not marked all_ranks, so the first rank MPI_Aborts the job and the other rank's line "
-                    "may never be printed (seen: only rank 0's line, and 'ORTE_ERROR_LOG: Out of resource')",
-}
 
 
 class Work:
@@ -115,11 +106,10 @@ def error_lines(log):
     return by_rank
 
 
-def refused(w, label, lora_args, want, code, nps=(1, 2), out=None, known_tp2=None):
+def refused(w, label, lora_args, want, code, nps=(2,), out=None):
     """At each tp of `nps`: exit `code`, one error line on every rank, the same on each (and the same at
     every tp), holding every string of `want`; no abort, no step run, nothing written, the model and
-    adapter files unchanged. `known_tp2`: a KNOWN_PROBLEMS key whose failure at tp 2 is expected (XFAIL,
-    not counted; a pass says XPASS: remove the mark)."""
+    adapter files unchanged."""
     texts = {}
     for np_ in nps:
         before = w.digest()
@@ -156,10 +146,6 @@ def refused(w, label, lora_args, want, code, nps=(1, 2), out=None, known_tp2=Non
             problems.append(f"the message differs between tp sizes: {texts}")
         what = f"tp {np_} {label}: " + ("; ".join(problems) if problems
                                         else f"exit {code}, on every rank: {text[:150]}")
-        if known_tp2 and np_ == 2:
-            print((f"XFAIL {what} [known problem: {KNOWN_PROBLEMS[known_tp2]}]\n{log[-600:]}" if problems else
-                   f"XPASS {what} (marked expected to fail: {KNOWN_PROBLEMS[known_tp2]}; remove the mark)"), flush=True)
-            continue
         H.check(not problems, what + (f"\n{log[-1500:]}" if problems else ""))
 
 
@@ -199,23 +185,22 @@ def files(work):
 
     data = open(good, "rb").read()
     cut = w.raw("truncated.safetensors", data[:len(data) - 700])
-    refused(w, "a truncated adapter", ["--lora", cut], [cut, "truncated"], 4, known_tp2="header_abort")
+    refused(w, "a truncated adapter", ["--lora", cut], [cut, "truncated"], 4)
     bad_json = header_file(w, "bad_json.safetensors", b'{"transformer.x.lora_A.weight": {"dtype": "F32", ')
-    refused(w, "a header that is not JSON", ["--lora", bad_json], [bad_json, "header"], 4, known_tp2="header_abort")
+    refused(w, "a header that is not JSON", ["--lora", bad_json], [bad_json, "header"], 4)
     past = header_file(w, "past_end.safetensors",
                        {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight":
                         {"dtype": "F32", "shape": [4, 32], "data_offsets": [0, 512]},
                         "transformer.transformer_blocks.0.attn.to_q.lora_B.weight":
                         {"dtype": "F32", "shape": [32, 4], "data_offsets": [512, 1024]}}, b"\0" * 600)
     refused(w, "offsets past the end of the file", ["--lora", past],
-            [past, "transformer.transformer_blocks.0.attn.to_q.lora_B.weight"], 4, known_tp2="header_abort")
+            [past, "transformer.transformer_blocks.0.attn.to_q.lora_B.weight"], 4)
     huge = header_file(w, "huge_header.safetensors", {"__metadata__": {}}, length=2 ** 63)
-    refused(w, "a header length of 2^63", ["--lora", huge], [huge, "header"], 4, known_tp2="header_abort")
+    refused(w, "a header length of 2^63", ["--lora", huge], [huge, "header"], 4)
     text = w.raw("notes.safetensors", b"these are my favourite LoRA settings: rank 16, alpha 8\n" * 4)
-    refused(w, "not a safetensors file", ["--lora", text], [text, "not a safetensors file"], 4,
-            known_tp2="header_abort")
+    refused(w, "not a safetensors file", ["--lora", text], [text, "not a safetensors file"], 4)
     empty = w.raw("empty.safetensors", b"")
-    refused(w, "an empty file", ["--lora", empty], [empty, "too short"], 4, known_tp2="header_abort")
+    refused(w, "an empty file", ["--lora", empty], [empty, "too short"], 4)
 
     folder = w.path("adapter_folder")
     os.makedirs(folder)
@@ -293,18 +278,18 @@ def tensors(work):
     t = pair(q)
     t[qb][20, 1] = float("nan")
     nan_b = w.adapter("nan_rank1.safetensors", {**pair(ff), **t})
-    refused(w, "a NaN only in tp rank 1's rows of lora_B", ["--lora", nan_b], [nan_b, qb, "NaN or infinite"], 4)
+    refused(w, "a NaN only in tp rank 1's rows of lora_B", ["--lora", nan_b], [nan_b, qb, "NaN or infinite"], 4, nps=(1, 2))
     t = pair(out0)
     oa = f"transformer.{out0}.lora_A.weight"
     t[oa][2, 30] = float("inf")
     inf_a = w.adapter("inf_rank1.safetensors", t)
-    refused(w, "an Inf only in tp rank 1's columns of lora_A", ["--lora", inf_a], [inf_a, oa, "NaN or infinite"], 4)
+    refused(w, "an Inf only in tp rank 1's columns of lora_A", ["--lora", inf_a], [inf_a, oa, "NaN or infinite"], 4, nps=(1, 2))
     # Rank 0 finds a bad value in one module, rank 1 in another: both name the same first key.
     t = {**pair(q), **pair(out0, seed=3)}
     t[qb][3, 0] = float("nan")
     t[oa][0, 25] = float("-inf")
     both = w.adapter("nan_both.safetensors", t)
-    refused(w, "NaNs in different modules on each rank", ["--lora", both], [both, "NaN or infinite"], 4)
+    refused(w, "NaNs in different modules on each rank", ["--lora", both], [both, "NaN or infinite"], 4, nps=(1, 2))
 
     # fused needs weights resident in the compute dtype: refused with fp8 storage; auto applies at run time.
     good = w.adapter("good.safetensors", pair(q))
