@@ -12,6 +12,12 @@ CASE:
            has no "loras" in its line.
   staged   the same job with [schedule] phases = "staged" (the adapters prepared on each pipeline the
            replicas load) gives the same PNG bytes as "together", at dp 2.
+  switch   one job at tp 2 whose requests name different sets ([[loras]] A, their own B, A + B with
+           weights, none) run in groups, switching sets between batches at run time: each request's
+           pixels equal `tprun generate` of that request alone with its adapters (tp 2), and the requests
+           without adapters, run after a set was in force, give the PNG pixels of a job that never loaded
+           an adapter, byte for byte; a job of one set (fused by `auto`) gives each request's image
+           within 2/255 of the run-time one.
   inputs   bad adapter inputs under mpirun -np 2: exit 3 on both ranks naming the file and field, no
            model loaded, nothing written (a path outside the manifest's folder or a symlink leading out,
            a folder, a FIFO, a missing file, a non-finite scale, an unknown key, a bad [lora] apply).
@@ -45,15 +51,16 @@ def mpirun(np_, *args, check=True, timeout=300):
     return p
 
 
-def adapter(model, path, seed, rank=2):
-    """A PEFT (diffusers) LoRA file for the tiny model: lora_A / lora_B on the first double block's to_q."""
+def adapter(model, path, seed, rank=2, size=0.05):
+    """A PEFT (diffusers) LoRA file for the tiny model: lora_A / lora_B on the first double block's to_q,
+    values `size` x standard normal."""
     from safetensors.numpy import save_file
     cfg = json.load(open(os.path.join(model, "transformer", "config.json")))
     inner = cfg["num_attention_heads"] * cfg["attention_head_dim"]
     rng = np.random.default_rng(seed)
     key = "transformer.transformer_blocks.0.attn.to_q"
-    save_file({f"{key}.lora_A.weight": (0.05 * rng.standard_normal((rank, inner))).astype(np.float32),
-               f"{key}.lora_B.weight": (0.05 * rng.standard_normal((inner, rank))).astype(np.float32)}, path)
+    save_file({f"{key}.lora_A.weight": (size * rng.standard_normal((rank, inner))).astype(np.float32),
+               f"{key}.lora_B.weight": (size * rng.standard_normal((inner, rank))).astype(np.float32)}, path)
     return path
 
 
@@ -184,6 +191,86 @@ def staged(tmp):
         print(f"{rid}: differs from the base image by up to {int(np.abs(other - base).max())}", flush=True)
 
 
+def pixels(path):
+    from PIL import Image
+    return np.asarray(Image.open(path).convert("RGB")).astype(int)
+
+
+def switch(tmp):
+    model = tiny_flux(TPRUN, os.path.join(tmp, "model"))
+    os.makedirs(os.path.join(tmp, "adapters"))
+    # Large enough to move the tiny model's images visibly (tens of levels of 255).
+    a = adapter(model, os.path.join(tmp, "adapters", "a.safetensors"), 1, rank=4, size=0.6)
+    b = adapter(model, os.path.join(tmp, "adapters", "b.safetensors"), 2, rank=3, size=0.6)
+    ab = [{"path": "adapters/b.safetensors", "scale": 0.6}, {"path": "adapters/a.safetensors", "scale": -0.8}]
+    # Every request's seed given (a job derives an unset one from its id): `generate --seed 5` draws the same noise.
+    rows = [{"id": "a1", "prompt": "a red fox", "seed": 5},
+            {"id": "base1", "prompt": "a red fox", "seed": 5, "loras": []},
+            {"id": "b1", "prompt": "a lighthouse", "seed": 5, "loras": [{"path": "adapters/b.safetensors", "scale": 1.5}]},
+            {"id": "ab1", "prompt": "a lighthouse", "seed": 5, "loras": ab},
+            {"id": "base2", "prompt": "a lighthouse", "seed": 5, "loras": []},
+            {"id": "a2", "prompt": "a lighthouse", "seed": 5}]
+    job_set = '[[loras]]\npath = "adapters/a.safetensors"\nscale = 1.2\n'
+
+    def run_job(name, rows, tail):
+        out = os.path.join(tmp, name)
+        requests = jsonl(os.path.join(tmp, name + ".jsonl"), rows)
+        m = write_manifest(os.path.join(tmp, name + ".toml"), model, requests, out,
+                           parallel={"tp": 2, "dp": 1}, tail=tail)
+        p = mpirun(2, "run", m, "--progress", "none")
+        recs = by_id(out)
+        if sorted(recs) != sorted(r["id"] for r in rows) or any(r["status"] != "done" for r in recs.values()):
+            print(p.stdout)
+            fail(f"{name}: {recs}")
+        return out, p.stdout
+
+    mixed, log = run_job("mixed", rows, job_set)
+    summary = [l for l in log.splitlines() if "LoRA adapter sets 4 distinct" in l]
+    print(f"summary: {summary}", flush=True)
+    if len(summary) != 1 or "applied at run time" not in log:
+        print(log)
+        fail("the mixed job did not count 4 sets or did not apply them at run time")
+    # The base requests ran after a set was in force (groups in order of first appearance: A, none, B, B+A).
+    base_rows = [{"id": r["id"], "prompt": r["prompt"], "seed": 5} for r in rows if r["id"].startswith("base")]
+    never, _ = run_job("never", base_rows, "")
+    for r in base_rows:
+        x, y = pixels(os.path.join(mixed, "images", r["id"] + ".png")), pixels(os.path.join(never, "images", r["id"] + ".png"))
+        print(f"{r['id']}: after a switch back vs never adapted: max diff {int(np.abs(x - y).max())}", flush=True)
+        if not np.array_equal(x, y):
+            fail(f"{r['id']}: the base model after a switch back differs from a job that never loaded an adapter")
+    # Each adapted request as `tprun generate` makes it alone.
+    alone_sets = {"a1": [(a, 1.2)], "a2": [(a, 1.2)], "b1": [(b, 1.5)], "ab1": [(b, 0.6), (a, -0.8)]}
+    for r in rows:
+        if r["id"] not in alone_sets:
+            continue
+        png = os.path.join(tmp, "alone-" + r["id"] + ".png")
+        flags = [f for path, scale in alone_sets[r["id"]] for f in ("--lora", path, "--lora-scale", str(scale))]
+        mpirun(2, "generate", "--model", model, "--prompt", r["prompt"], "--height", "32", "--width", "32",
+               "--steps", "2", "--max-sequence-length", "32", "--seed", "5", "--lora-apply", "runtime", *flags,
+               "--out", png)
+        x, y = pixels(os.path.join(mixed, "images", r["id"] + ".png")), pixels(png)
+        base = pixels(os.path.join(never, "images", "base1.png")) if r["prompt"] == "a red fox" else \
+            pixels(os.path.join(never, "images", "base2.png"))
+        print(f"{r['id']}: job vs alone max diff {int(np.abs(x - y).max())}; moved from the base image by "
+              f"{int(np.abs(x - base).max())}", flush=True)
+        if not np.array_equal(x, y):
+            fail(f"{r['id']}: the job's image differs from the same request alone")
+        if int(np.abs(x - base).max()) < 8:
+            fail(f"{r['id']}: the adapters hardly changed the image")
+    # One set for the whole job: `auto` fuses it into the weights; within 2/255 of the run-time images.
+    one_rows = [{"id": r["id"], "prompt": r["prompt"], "seed": 5} for r in rows if r["id"] in ("a1", "a2")]
+    fused, log = run_job("fused", one_rows, job_set)
+    if "fused into the weights" not in log:
+        print(log)
+        fail("a job of one adapter set was not fused")
+    for r in one_rows:
+        d = int(np.abs(pixels(os.path.join(fused, "images", r["id"] + ".png"))
+                       - pixels(os.path.join(mixed, "images", r["id"] + ".png"))).max())
+        print(f"{r['id']}: fused vs run time max diff {d}", flush=True)
+        if d > 2:
+            fail(f"{r['id']}: fused differs from run time by {d}/255")
+
+
 def inputs(tmp):
     model = tiny_flux(TPRUN, os.path.join(tmp, "model"))
     os.makedirs(os.path.join(tmp, "job", "adapters"))
@@ -254,7 +341,7 @@ def inputs(tmp):
 def main():
     tmp = tempfile.mkdtemp(prefix=f"tprun-lora-jobs-{CASE}-")
     try:
-        {"records": records, "staged": staged, "inputs": inputs}[CASE](tmp)
+        {"records": records, "staged": staged, "switch": switch, "inputs": inputs}[CASE](tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"lora_job_cases {CASE}: ok")
