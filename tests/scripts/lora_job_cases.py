@@ -18,6 +18,10 @@ CASE:
            without adapters, run after a set was in force, give the PNG pixels of a job that never loaded
            an adapter, byte for byte; a job of one set (fused by `auto`) gives each request's image
            within 2/255 of the run-time one.
+  memory   the fit planner counts each rank's adapter slices with the transformer (`tprun plan --lora`:
+           A whole and B's rows at tp 2 for a colwise layer, to the byte); adapters on weights offloaded to
+           disk (tp 2) give the resident run's pixels; with fp8 storage they run at run time and move
+           the image as they move the full-precision one.
   inputs   bad adapter inputs under mpirun -np 2: exit 3 on both ranks naming the file and field, no
            model loaded, nothing written (a path outside the manifest's folder or a symlink leading out,
            a folder, a FIFO, a missing file, a non-finite scale, an unknown key, a bad [lora] apply).
@@ -271,6 +275,48 @@ def switch(tmp):
             fail(f"{r['id']}: fused differs from run time by {d}/255")
 
 
+def memory(tmp):
+    model = tiny_flux(TPRUN, os.path.join(tmp, "model"))
+    rank = 8
+    ad = adapter(model, os.path.join(tmp, "ad.safetensors"), 1, rank=rank, size=0.6)
+    inner = json.load(open(os.path.join(model, "transformer", "config.json")))
+    inner = inner["num_attention_heads"] * inner["attention_head_dim"]
+
+    def transformer_bytes(*extra):
+        p = subprocess.run([TPRUN, "plan", "--model", model, "--world", "2", "--json", *extra],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True)
+        return {c["tp"]: c["components"]["transformer"] for c in json.loads(p.stdout)["candidates"]
+                if c["stages"] == "together"}
+
+    base, adapted = transformer_bytes(), transformer_bytes("--lora", ad)
+    # to_q is colwise: each rank keeps A whole [r, in] and its rows of B [out / tp, r], in fp32.
+    want = {tp: rank * (inner + inner // tp) * 4 for tp in (1, 2)}
+    got = {tp: adapted[tp] - base[tp] for tp in (1, 2)}
+    print(f"planned adapter bytes per rank {got}, expected {want}", flush=True)
+    if got != want:
+        fail(f"the planner counts {got} adapter bytes per rank, not {want}")
+
+    def generate(name, *extra):
+        png = os.path.join(tmp, name + ".png")
+        mpirun(2, "generate", "--model", model, "--prompt", "a red fox", "--height", "32", "--width", "32",
+               "--steps", "2", "--seed", "5", *extra, "--out", png)
+        return pixels(png)
+
+    plain = generate("plain")
+    resident = generate("resident", "--lora", ad)
+    offloaded = generate("offloaded", "--lora", ad, "--memory",
+                         'offload={type="block_level",to="disk",disk_path="%s"}' % os.path.join(tmp, "off"))
+    print(f"offloaded vs resident: max diff {int(np.abs(offloaded - resident).max())}", flush=True)
+    if not np.array_equal(offloaded, resident):
+        fail("adapters on disk-offloaded weights differ from the resident run")
+    fp8 = 'layerwise_casting={storage="float8_e4m3fn"}'
+    fp8_plain, fp8_lora = generate("fp8", "--memory", fp8), generate("fp8-lora", "--lora", ad, "--memory", fp8)
+    moved, moved_fp8 = int(np.abs(resident - plain).max()), int(np.abs(fp8_lora - fp8_plain).max())
+    print(f"the adapter moves the image by {moved} (full precision) and {moved_fp8} (fp8 storage)", flush=True)
+    if moved < 8 or moved_fp8 < moved // 2:
+        fail("with fp8 storage the adapter does not move the image as it does in full precision")
+
+
 def inputs(tmp):
     model = tiny_flux(TPRUN, os.path.join(tmp, "model"))
     os.makedirs(os.path.join(tmp, "job", "adapters"))
@@ -341,7 +387,7 @@ def inputs(tmp):
 def main():
     tmp = tempfile.mkdtemp(prefix=f"tprun-lora-jobs-{CASE}-")
     try:
-        {"records": records, "staged": staged, "switch": switch, "inputs": inputs}[CASE](tmp)
+        {"records": records, "staged": staged, "switch": switch, "memory": memory, "inputs": inputs}[CASE](tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"lora_job_cases {CASE}: ok")
