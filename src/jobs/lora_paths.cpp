@@ -13,18 +13,13 @@
 #include <fmt/format.h>
 
 #include "jobs/output_folder.h"
+#include "lora/lora_file_check.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr const char* kSuffix = ".safetensors";
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 // The canonical form of an existing path, or "" (with `why`) when it cannot be had.
 std::string canonical_of(const std::string& path, std::string& why) {
@@ -47,28 +42,6 @@ std::string manifest_folder(const Manifest& m) {
 
 }  // namespace
 
-std::string lora_file_problem(const std::string& path) {
-  if (path.empty()) return "is empty";
-  if (!ends_with(fs::path(path).filename().string(), kSuffix)) {
-    return fmt::format("does not end in {} (an adapter is a safetensors file)", kSuffix);
-  }
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT || errno == ENOTDIR) return "does not exist";
-    return fmt::format("cannot be read: {}", std::strerror(errno));
-  }
-  if (S_ISDIR(st.st_mode)) return "is a folder, not a .safetensors file";
-  if (!S_ISREG(st.st_mode)) {
-    const char* what = S_ISCHR(st.st_mode)    ? "a character device"
-                       : S_ISBLK(st.st_mode)  ? "a block device"
-                       : S_ISFIFO(st.st_mode) ? "a pipe"
-                       : S_ISSOCK(st.st_mode) ? "a socket"
-                                              : "not a regular file";
-    return fmt::format("is not a regular file ({})", what);
-  }
-  if (::access(path.c_str(), R_OK) != 0) return fmt::format("cannot be read: {}", std::strerror(errno));
-  return "";
-}
 
 void resolve_manifest_loras(Manifest& m) {
   for (std::string& dir : m.lora_dirs) {
@@ -88,7 +61,7 @@ void resolve_manifest_loras(Manifest& m) {
   auto& set = *m.defaults.loras;
   for (size_t i = 0; i < set.size(); ++i) {
     const std::string where = i < m.lora_where.size() ? m.lora_where[i] : fmt::format("{}: loras[{}].path", m.path, i);
-    std::string why = lora_file_problem(set[i].path);
+    std::string why = lora::lora_file_problem(set[i].path);
     std::string c;
     if (why.empty()) c = canonical_of(set[i].path, why);
     // Named as written (the absolute path where it differs and is missing).
@@ -130,7 +103,7 @@ std::string LoraPathRule::resolve(const std::string& written, std::string& resol
   if (written.find('\0') != std::string::npos) return "holds a NUL character";
   const fs::path p = fs::path(written).is_absolute() ? fs::path(written) : fs::path(base_) / written;
   const std::string given = p.lexically_normal().string();
-  if (std::string why = lora_file_problem(given); !why.empty()) return why;
+  if (std::string why = lora::lora_file_problem(given); !why.empty()) return why;
   std::string why;
   resolved = canonical_of(given, why);
   if (resolved.empty()) return fmt::format("cannot be resolved: {}", why);

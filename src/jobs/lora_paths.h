@@ -31,12 +31,6 @@
 
 namespace tprun::jobs {
 
-// Why `path` cannot be an adapter file ("" when it can): "no such file",
-// "is a directory", "is not a regular file (a pipe)", "does not end in
-// .safetensors", "cannot read: Permission denied", ... The name checked for
-// the suffix is the path as given (the user's choice of file), then the file
-// it leads to must be regular.
-std::string lora_file_problem(const std::string& path);
 
 // The [[loras]] files and [lora] dirs of a parsed manifest checked and made
 // canonical (defaults.loras, lora_dirs). ConfigError "<file>:<line>:

@@ -202,14 +202,17 @@ def files(work):
     empty = w.raw("empty.safetensors", b"")
     refused(w, "an empty file", ["--lora", empty], [empty, "too short"], 4)
 
-    folder = w.path("adapter_folder")
+    folder = w.path("adapter_folder.safetensors")
     os.makedirs(folder)
-    refused(w, "--lora naming a folder", ["--lora", folder], ["--lora", folder, "not a regular file"], 3)
-    fifo = w.path("adapter.fifo")
+    refused(w, "--lora naming a folder", ["--lora", folder], ["--lora", folder, "is a folder"], 3)
+    fifo = w.path("adapter_fifo.safetensors")
     os.mkfifo(fifo)
-    refused(w, "--lora naming a fifo (no hang)", ["--lora", fifo], ["--lora", fifo, "not a regular file"], 3)
+    refused(w, "--lora naming a fifo (no hang)", ["--lora", fifo], ["--lora", fifo, "not a regular file (a pipe)"], 3)
     missing = w.path("missing.safetensors")
-    refused(w, "--lora naming a missing file", ["--lora", missing], ["--lora", missing, "No such file"], 3)
+    refused(w, "--lora naming a missing file", ["--lora", missing], ["--lora", missing, "does not exist"], 3)
+    notes = w.raw("notes.txt", b"rank 16\n")
+    refused(w, "--lora naming a file that is not .safetensors", ["--lora", notes],
+            ["--lora", notes, "does not end in .safetensors"], 3)
     w.inputs.append(good)
     refused(w, "--out naming the adapter file", ["--lora", good], ["--out", good], 3, out=good)
 
