@@ -12,7 +12,8 @@ namespace tprun::lora {
 struct LoraChoice {
   std::string path;    // the file, as resolved by the reader (relative to the manifest's folder made absolute)
   double scale = 1.0;  // the adapter's weight (diffusers' set_adapters adapter_weights)
-  bool operator==(const LoraChoice& other) const = default;
+  bool operator==(const LoraChoice& other) const { return path == other.path && scale == other.scale; }
+  bool operator!=(const LoraChoice& other) const { return !(*this == other); }
 };
 
 // Bounds of the adapter lists every reader applies.
