@@ -9,8 +9,9 @@
 - "kohya" / "comfy" (FLUX.1): sd-scripts' `lora_unet_<BFL name>.lora_down / lora_up / alpha`, written here from the
   model's widths (a fused qkv and the single block's linear1 as one tensor each); "comfy" is the same under
   `diffusion_model.<BFL dotted name>`.
-- "bfl" (FLUX.2): ai-toolkit's `diffusion_model.<BFL name>.lora_A / lora_B` (fused qkv, linear1 / linear2, the
-  modulation and embedder linears).
+- "bfl" / "kohya" (FLUX.2): ai-toolkit's `diffusion_model.<BFL name>.lora_A / lora_B` (fused qkv, linear1 / linear2,
+  the modulation and embedder linears) and sd-scripts' `lora_unet_<BFL name>.lora_down / lora_up / alpha` (the
+  top-level linears diffusers' converter reads).
 - "kohya" (Qwen-Image): `lora_unet_transformer_blocks_0_attn_to_q.lora_down / lora_up / alpha`.
 - "original" (Wan): `diffusion_model.blocks.0.self_attn.q.lora_down / lora_up / alpha` (LightX2V), the embedders
   and head without alpha (diffusers reads none there).
@@ -151,9 +152,20 @@ def make_flux1_kohya(ctx, path, seed, comfy=False):
     return _write_original(path, seed, mods, lambda n: "lora_unet_" + n.replace(".", "_"), alphas=_kohya_alpha)
 
 
-def make_flux2_bfl(ctx, path, seed, rank=4):
-    """ai-toolkit's FLUX.2 file: diffusion_model.<BFL name>.lora_A / lora_B."""
-    lin, cfg = ctx["linears"], ctx["config"]
+# FLUX.2's top-level BFL linears and their diffusers modules; diffusers' kohya converter reads the first five only.
+FLUX2_TOP = (("img_in", "x_embedder"), ("txt_in", "context_embedder"),
+             ("time_in.in_layer", "time_guidance_embed.timestep_embedder.linear_1"),
+             ("time_in.out_layer", "time_guidance_embed.timestep_embedder.linear_2"),
+             ("final_layer.linear", "proj_out"), ("final_layer.adaLN_modulation.1", "norm_out.linear"),
+             ("single_stream_modulation.lin", "single_stream_modulation.linear"),
+             ("double_stream_modulation_img.lin", "double_stream_modulation_img.linear"),
+             ("double_stream_modulation_txt.lin", "double_stream_modulation_txt.linear"))
+FLUX2_KOHYA_TOP = ("img_in", "txt_in", "time_in.in_layer", "time_in.out_layer", "final_layer.linear")
+
+
+def flux2_bfl_modules(lin, cfg, rank=4, top=None):
+    """FLUX.2's BFL linears (name, in, out, rank): fused qkv, the MLPs, linear1 / linear2 (packed as the model
+    packs them), and the top-level linears named in `top` (all of FLUX2_TOP when None)."""
     mods = []
     for i in range(cfg["num_layers"]):
         p = f"transformer_blocks.{i}."
@@ -166,16 +178,20 @@ def make_flux2_bfl(ctx, path, seed, rank=4):
         p = f"single_transformer_blocks.{i}.attn."
         mods += [(f"single_blocks.{i}.linear1", *lin[p + "to_qkv_mlp_proj"], rank),
                  (f"single_blocks.{i}.linear2", *lin[p + "to_out"], rank)]
-    for bfl, ours in (("img_in", "x_embedder"), ("txt_in", "context_embedder"),
-                      ("time_in.in_layer", "time_guidance_embed.timestep_embedder.linear_1"),
-                      ("time_in.out_layer", "time_guidance_embed.timestep_embedder.linear_2"),
-                      ("final_layer.linear", "proj_out"), ("final_layer.adaLN_modulation.1", "norm_out.linear"),
-                      ("single_stream_modulation.lin", "single_stream_modulation.linear"),
-                      ("double_stream_modulation_img.lin", "double_stream_modulation_img.linear"),
-                      ("double_stream_modulation_txt.lin", "double_stream_modulation_txt.linear")):
-        if ours in lin:
-            mods.append((bfl, *lin[ours], rank))
-    return _write_original(path, seed, mods, lambda n: "diffusion_model." + n, down="lora_A", up="lora_B")
+    mods += [(bfl, *lin[ours], rank) for bfl, ours in FLUX2_TOP if ours in lin and (top is None or bfl in top)]
+    return mods
+
+
+def make_flux2_bfl(ctx, path, seed):
+    """ai-toolkit's FLUX.2 file: diffusion_model.<BFL name>.lora_A / lora_B, no alpha."""
+    return _write_original(path, seed, flux2_bfl_modules(ctx["linears"], ctx["config"]),
+                           lambda n: "diffusion_model." + n, down="lora_A", up="lora_B")
+
+
+def make_flux2_kohya(ctx, path, seed):
+    """sd-scripts' FLUX.2 file: lora_unet_<BFL name with _>.lora_down / lora_up / alpha."""
+    return _write_original(path, seed, flux2_bfl_modules(ctx["linears"], ctx["config"], top=FLUX2_KOHYA_TOP),
+                           lambda n: "lora_unet_" + n.replace(".", "_"), alphas=_kohya_alpha)
 
 
 def make_qwen_kohya(ctx, path, seed, targets, rank=4):

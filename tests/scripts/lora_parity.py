@@ -107,9 +107,10 @@ FAMILIES = {f.cls: f for f in [
                                 {"attn.to_out.0": 12.0, "double_stream_modulation_img.linear": 1.0}),
                  "base_model_prefix": lambda ctx, path, seed: la.make_prefixed(ctx, path, seed, block_linears(ctx),
                                                                                "base_model.model."),
-                 "bfl": lambda ctx, path, seed: la.make_flux2_bfl(ctx, path, seed)},
+                 "bfl": lambda ctx, path, seed: la.make_flux2_bfl(ctx, path, seed),
+                 "kohya": lambda ctx, path, seed: la.make_flux2_kohya(ctx, path, seed)},
         pairs=[(("peft", 0.8), ("bfl", 0.6)), (("peft_patterns", 1.0), ("base_model_prefix", -0.5)),
-               (("peft_rslora", 0.7), ("bfl", 1.2))]),
+               (("peft_rslora", 0.7), ("kohya", 1.2))]),
     LoraFamily(
         "QwenImagePipeline", "qwen-image", "small",
         Call("lora", PROMPT, seed=1, steps=3),
