@@ -9,6 +9,7 @@
 - "kohya" / "comfy" (FLUX.1): sd-scripts' `lora_unet_<BFL name>.lora_down / lora_up / alpha`, written here from the
   model's widths (a fused qkv and the single block's linear1 as one tensor each); "comfy" is the same under
   `diffusion_model.<BFL dotted name>`.
+- "kohya_te" (FLUX.1): "kohya" with CLIP text-encoder keys (`lora_te1_text_model_encoder_layers_0_...`).
 - "bfl" / "kohya" (FLUX.2): ai-toolkit's `diffusion_model.<BFL name>.lora_A / lora_B` (fused qkv, linear1 / linear2,
   the modulation and embedder linears) and sd-scripts' `lora_unet_<BFL name>.lora_down / lora_up / alpha` (the
   top-level linears diffusers' converter reads).
@@ -180,6 +181,24 @@ def flux2_bfl_modules(lin, cfg, rank=4, top=None):
                  (f"single_blocks.{i}.linear2", *lin[p + "to_out"], rank)]
     mods += [(bfl, *lin[ours], rank) for bfl, ours in FLUX2_TOP if ours in lin and (top is None or bfl in top)]
     return mods
+
+
+def make_flux1_kohya_te(ctx, path, seed):
+    """A kohya FLUX.1 file with CLIP text-encoder keys too (lora_te1_text_model_encoder_layers_0_self_attn_q_proj,
+    mlp_fc1, ...), from text_encoder/config.json's widths; the transformer's keys as make_flux1_kohya's."""
+    from safetensors.torch import load_file
+    te = json.load(open(os.path.join(ctx["folder"], "text_encoder", "config.json")))
+    h, inter = te["hidden_size"], te["intermediate_size"]
+    mods = []
+    for i in range(te["num_hidden_layers"]):
+        p = f"text_model.encoder.layers.{i}."
+        mods += [(p + f"self_attn.{x}_proj", h, h, 4) for x in ("q", "k", "v", "out")]
+        mods += [(p + "mlp.fc1", h, inter, 4), (p + "mlp.fc2", inter, h, 4)]
+    _write_original(path, seed + 1000, mods, lambda n: "lora_te1_" + n.replace(".", "_"), alphas=_kohya_alpha)
+    sd = load_file(path)
+    make_flux1_kohya(ctx, path, seed)
+    sd.update(load_file(path))
+    return save_plain(path, sd)
 
 
 def make_flux2_bfl(ctx, path, seed):
