@@ -40,6 +40,7 @@
 #include "checkpoint/pipeline_folder.h"
 #include "checkpoint/tensor_file.h"
 #include "checkpoint/torch_dtype.h"
+#include "cli/lora_args.h"
 #include "cli/memory_args.h"
 #include "cli/model_args.h"
 #include "memory/group_offloader.h"
@@ -53,6 +54,8 @@
 #include "runtime/host_memory.h"
 #include "dist/session.h"
 #include "jobs/output_folder.h"
+#include "lora/lora_adapters.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::cli {
 namespace po = boost::program_options;
@@ -98,6 +101,7 @@ void add_step_bench_options(po::options_description& desc) {
       ("no-bare", po::bool_switch(), "skip the bare-matmul baseline (its operands take as much memory as the "
                                      "weights: off for memory measurements)");
   desc.add(o);
+  add_lora_options(desc);
 }
 
 namespace {
@@ -251,6 +255,21 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
 
   auto inputs = checkpoint::read_tensor_file(vm["inputs"].as<std::string>());
   auto model = load_component(args, tp, session.device().device);
+  // Adapters (--lora): read as each rank's slices, fused or put in force for the forwards.
+  const LoraArgs loras = lora_args_from(vm);
+  std::unique_ptr<lora::LoraAdapters> adapters;
+  nlohmann::json config;
+  double lora_prepare_s = 0;
+  if (!loras.set.empty()) {
+    config = read_json_file(args.path + "/config.json", "config");
+    world.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    adapters = std::make_unique<lora::LoraAdapters>(
+        std::vector<lora::LoraComponent>{{"transformer", model.get(), &config, {}, false}});
+    adapters->prepare({loras.set}, loras.strict, lora::parse_lora_apply(loras.apply, "--lora-apply"));
+    adapters->activate(loras.set);
+    lora_prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   const uint64_t rss_loaded = self_status_bytes("VmRSS");
   const StepTimes times = time_forwards(*model, inputs, world, session.device().device, warmup, iters);
 
@@ -266,8 +285,18 @@ int run_step_bench(const po::variables_map& vm, int* argc, char*** argv) {
                         warmup, iters);
 
   if (session.rank() == 0) {
-    std::cout << step_report(args, *model, times, bare, has_bias, skip_bare, tp.size, warmup, iters, session, inputs,
-                             rss_loaded)
+    nlohmann::json report = step_report(args, *model, times, bare, has_bias, skip_bare, tp.size, warmup, iters,
+                                        session, inputs, rss_loaded);
+    if (adapters) {
+      const lora::LoraStats st = adapters->stats();
+      report["lora"] = {{"files", st.files},
+                        {"apply", st.fused ? "fused" : "runtime"},
+                        {"why", st.why},
+                        {"prepare_s", lora_prepare_s},
+                        {"bytes_read", st.bytes_read},
+                        {"bytes_resident", st.bytes_resident}};
+    }
+    std::cout << report
                      .dump()
               << std::endl;
     if (vm.count("out")) {

@@ -9,6 +9,7 @@
 
 #include "checkpoint/tensor_file.h"
 #include "cli/command.h"
+#include "cli/lora_args.h"
 #include "cli/model_args.h"
 #include "cli/session_options.h"
 #include "dist/communicator.h"
@@ -17,10 +18,12 @@
 #include "dist/mesh.h"
 #include "dist/session.h"
 #include "jobs/output_folder.h"
+#include "lora/lora_adapters.h"
 #include "models/model_inputs.h"
 #include "models/vae.h"
 #include "models/vae_split_decode.h"
 #include "runtime/error.h"
+#include "runtime/strict_json.h"
 
 namespace tprun::cli {
 
@@ -45,6 +48,7 @@ Command forward_command() {
          "vae_decoder 'sample'; vae_encoder 'mean' + 'std'")
         ("tp", po::value<int>()->default_value(1), "tensor-parallel group size (world = tp x dp)");
     desc.add(io);
+    add_lora_options(desc);
     add_session_options(desc);
   };
   c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
@@ -52,15 +56,17 @@ Command forward_command() {
     const ModelArgs args = model_args_from(vm);
     if (!vm.count("inputs")) throw ConfigError("--inputs is required", true);
     if (!vm.count("out")) throw ConfigError("--out is required", true);
+    const LoraArgs loras = lora_args_from(vm);
     dist::MeshSpec spec;
     spec.tp = vm["tp"].as<int>();
     auto mesh = session.make_mesh(spec);
     {  // the output path: never the model, --inputs, or a file tprun did not write (jobs/output_folder.h)
       dist::ControlPlane control(session.watchdog());
       control.agree([&] {
-        const std::vector<jobs::ReadPath> reads = {{"the model folder", args.model},
+        std::vector<jobs::ReadPath> reads = {{"the model folder", args.model},
                                                    {"the component folder", args.path},
                                                    {"the --inputs file", vm["inputs"].as<std::string>()}};
+        for (const auto& l : loras.set) reads.push_back({"a --lora file", l.path});
         jobs::check_output_path(vm["out"].as<std::string>(), "--out", reads, jobs::OutputKind::Tensors);
         jobs::check_offload_folders(args.memory, "--memory", reads);
         jobs::check_output_file(vm["out"].as<std::string>(), "--out");
@@ -77,6 +83,21 @@ Command forward_command() {
       inputs.erase("z");
     }
     models::check_input_names(inputs, *model, "--inputs " + vm["inputs"].as<std::string>());
+    // Adapters on this component alone: its keys as a pipeline's `<component>.` keys.
+    std::unique_ptr<lora::LoraAdapters> adapters;
+    nlohmann::json config;
+    if (!loras.set.empty()) {
+      if (!model->lora_targets()) {
+        throw ConfigError(fmt::format("--lora: {} ({}) has no Linear layers an adapter can reach", args.path,
+                                      model->table().cls),
+                          true);
+      }
+      config = read_json_file(args.path + "/config.json", "config");
+      adapters = std::make_unique<lora::LoraAdapters>(
+          std::vector<lora::LoraComponent>{{args.component, model.get(), &config, {}, false}});
+      adapters->prepare({loras.set}, loras.strict, lora::parse_lora_apply(loras.apply, "--lora-apply"));
+      adapters->activate(loras.set);
+    }
     const auto t1 = std::chrono::steady_clock::now();
     if (tp.comm) tp.comm->reset_stats();
     // A VAE decode at tp > 1 is spread over the group (models/vae_split_decode.h), as a pipeline's can be.

@@ -13,6 +13,7 @@
 #include "checkpoint/tensor_file.h"
 #include "cli/memory_args.h"
 #include "cli/command.h"
+#include "cli/lora_args.h"
 #include "cli/session_options.h"
 #include "dist/communicator.h"
 #include "dist/control_plane.h"
@@ -203,6 +204,9 @@ void check_outputs(const po::variables_map& vm, const Session& session) {
     // Never the model, --inputs, or a file tprun did not write (jobs/output_folder.h).
     std::vector<jobs::ReadPath> reads = {{"the model folder", vm["model"].as<std::string>()}};
     if (vm.count("inputs")) reads.push_back({"the --inputs file", vm["inputs"].as<std::string>()});
+    if (vm.count("lora")) {
+      for (const auto& l : vm["lora"].as<std::vector<std::string>>()) reads.push_back({"a --lora file", l});
+    }
     if (vm.count("out")) {
       jobs::check_output_path(vm["out"].as<std::string>(), "--out", reads,
                               out_is_mp4(vm) ? jobs::OutputKind::Mp4 : jobs::OutputKind::Png);
@@ -298,11 +302,14 @@ Command generate_command() {
     add_memory_option(desc);
     add_generation_options(desc);
     add_output_options(desc);
+    add_lora_options(desc);
     add_session_options(desc);
   };
   c.run = [](const po::variables_map& vm, int* argc, char*** argv) {
     Session session(argc, argv, session_options_from(vm));
     GenerationRequest req = checked_request(vm);
+    const LoraArgs loras = lora_args_from(vm);
+    req.loras = loras.set;
     auto mesh = make_generate_mesh(vm, session);
     check_outputs(vm, session);
     const pipelines::RequestOptions options = pipelines::request_options(vm["model"].as<std::string>());
@@ -318,6 +325,7 @@ Command generate_command() {
     req = pipe->with_defaults(req);
     pipe->check_request(req);
     check_out_frames(vm, req, options);
+    pipe->prepare_loras({loras.set}, loras.strict, loras.apply);
     spdlog::info("loaded {} ({}) in {:.2f} s ({} bytes on this rank), tp {}, dtype {}", model, pipe->class_name(),
                  load_s, pipe->bytes_loaded(), tp.size, opts.dtype);
     const bool lead = session.rank() == 0;

@@ -101,6 +101,9 @@ pipelines::FitQuery query_from(const po::variables_map& vm) {
   if (vm.count("stage-requests")) q.stage_requests = int_flag(vm, "stage-requests", 1, pipelines::kMaxStageRequests);
   if (!manifest && !vm.count("stage-requests")) q.stage_requests = q.batch;
   if (vm["true-cfg"].as<bool>()) q.true_cfg = true;
+  if (vm.count("lora")) {
+    for (const auto& p : vm["lora"].as<std::vector<std::string>>()) q.loras.push_back({p, 1.0});
+  }
   return q;
 }
 
@@ -212,6 +215,8 @@ Command plan_command() {
         ("frames", po::value<std::string>(), "frames of the longest video (a video pipeline; default: the requests')")
         ("stage-experts", po::bool_switch(),
          "two experts (Wan 2.2 A14B) held one at a time (schedule.experts = \"staged\"); default: both resident")
+        ("lora", po::value<std::vector<std::string>>()->composing(),
+         "a LoRA adapter file the run reads (repeatable): each rank's slices count with the transformer")
         ("json", po::bool_switch(), "print JSON instead of a table")
         ("log-level", po::value<std::string>()->default_value(""), "trace|debug|info|warn|error");
     desc.add(o);

@@ -22,6 +22,12 @@ struct LoraModulePart {
   // single-block linear1) is split over several modules this way, A shared.
   int64_t up_row_offset = 0;
   int64_t up_rows = 0;   // = the module's out features
+  // The two halves of those rows are exchanged: the module's rows
+  // [0, up_rows / 2) are B's rows [up_row_offset + up_rows / 2, up_row_offset
+  // + up_rows) and the other way round (BFL's final_layer.adaLN_modulation
+  // gives shift, scale where diffusers' norm_out.linear gives scale, shift;
+  // diffusers' kohya FLUX.1 converter swaps B's halves the same way).
+  bool up_halves_swapped = false;
   int64_t rank = 0;      // r
   // alpha / r (alpha / sqrt(r) with rslora), with alpha from the file's
   // ".alpha" tensor, its lora_adapter_metadata, or r where it has neither.

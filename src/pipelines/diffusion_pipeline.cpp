@@ -81,6 +81,7 @@ void DiffusionPipeline::load_folder(const std::string& folder, const parallel::T
   // The weights: every TP plan first, then this rank's components.
   LoadedComponents parts = load_components(pf, *spec_, configs, ctx_.tp, options);
   ctx_.bytes += parts.bytes;
+  if (configs.has("transformer")) transformer_config_ = configs.at("transformer").json;
   transformer_ = parts.take<models::Denoiser>("transformer");
   if (transformer_) attention_chunk_ = transformer_->attention_chunk();
   vae_ = parts.take<models::Vae>("vae");
@@ -102,7 +103,34 @@ std::string DiffusionPipeline::batch_key(const GenerationRequest& request) const
   if (g.frame_count() != 1) key += fmt::format("/f{}", g.frame_count());
   const std::string extra = batch_key_extra(g);
   if (!extra.empty()) key += "/" + extra;
+  // A batch never mixes adapter sets.
+  if (!g.lora_set().empty()) key += "/lora:" + lora::lora_set_key(g.lora_set());
   return key;
+}
+
+void DiffusionPipeline::prepare_loras(const std::vector<std::vector<LoraChoice>>& sets, bool strict,
+                                      const std::string& apply) {
+  const lora::LoraApply mode = lora::parse_lora_apply(apply, "lora_apply");
+  if (loras_) throw Error(Error::Kind::Internal, "prepare_loras called twice");
+  bool any = false;
+  for (const auto& set : sets) any = any || !set.empty();
+  if (!any) return;
+  if (!ctx_.denoiser || !transformer_) {
+    throw Error(Error::Kind::Internal, "adapters prepared on a pipeline without its transformer");
+  }
+  lora::LoraComponent t;
+  t.component = "transformer";
+  t.model = transformer_.get();
+  t.config = &transformer_config_;
+  t.reloads = reloads("transformer");
+  loras_ = std::make_unique<lora::LoraAdapters>(std::vector<lora::LoraComponent>{t});
+  loras_->prepare(sets, strict, mode);
+}
+
+lora::LoraStats DiffusionPipeline::lora_stats() const { return loras_ ? loras_->stats() : lora::LoraStats{}; }
+
+void DiffusionPipeline::rebind_loras(const std::string& component, const models::Model* model) const {
+  if (loras_) loras_->rebind(component, model);
 }
 
 double DiffusionPipeline::cost(const GenerationRequest& request) const {
@@ -340,6 +368,12 @@ void DiffusionPipeline::advance_batch(InFlight& batch, int64_t stage) const try 
   if (end == b.next_step) return;
   hold_stage(stage);
   const GenerationRequest& r = b.rs.front();
+  // This batch's adapters (one set per batch: batch_key) in force for its steps.
+  if (loras_) {
+    loras_->activate(r.lora_set());
+  } else if (!r.lora_set().empty()) {
+    throw Error(Error::Kind::Internal, fmt::format("request '{}' names adapters that were not prepared", r.id));
+  }
   std::map<const models::Denoiser*, TransformerCall> calls;
   const StepPlan plan = [&](int64_t, float t) {
     const models::Denoiser* d = &step_transformer(t);

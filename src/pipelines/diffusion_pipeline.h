@@ -89,6 +89,10 @@ class DiffusionPipeline : public Pipeline {
   uint64_t bytes_loaded() const override { return ctx_.bytes; }
   int64_t transformer_all_reduces() const override;
   PromptCacheStats prompt_cache_stats() const override { return ctx_.cache->stats(); }
+  // The transformer's adapters (lora/lora_adapters.h); text-encoder keys are
+  // refused by name (docs/lora.md).
+  void prepare_loras(const std::vector<std::vector<LoraChoice>>& sets, bool strict, const std::string& apply) override;
+  lora::LoraStats lora_stats() const override;
 
   // Staged phases: the prompt's encode gives the conditioner's tensors, the
   // negative prompt's (true CFG; "" unless given) the same as negative_*.
@@ -163,6 +167,10 @@ class DiffusionPipeline : public Pipeline {
   // One image's packed latents [1, tokens, C] -> decoded [1, 3, H, W] (or [1, 3, F, H, W]) in [-1, 1].
   virtual at::Tensor decode_latents(const at::Tensor& packed, int64_t height, int64_t width) const = 0;
   virtual void check_family_request(const GenerationRequest& r) const {}
+  // A component adapters reach was loaded again (hold_stage): the set in force goes onto it.
+  void rebind_loras(const std::string& component, const models::Model* model) const;
+  // Whether `component` is loaded again during a run (hold_stage), so never fused.
+  virtual bool reloads(const std::string& component) const { return false; }
 
   PipelineContext ctx_;
   std::string cls_;
@@ -182,6 +190,8 @@ class DiffusionPipeline : public Pipeline {
   mutable std::unique_ptr<models::Denoiser> transformer_;
   int64_t attention_chunk_ = 0;  // the transformer's, as loaded (the memory estimate's)
   std::unique_ptr<models::Vae> vae_;
+  nlohmann::json transformer_config_;
+  std::unique_ptr<lora::LoraAdapters> loras_;  // after prepare_loras
 
  private:
   void load_folder(const std::string& folder, const parallel::TpContext& tp, const PipelineOptions& options);

@@ -3,11 +3,16 @@
 #include "pipelines/fit_planner.h"
 
 #include <algorithm>
+#include <set>
 
 #include <c10/core/ScalarType.h>
 #include <fmt/format.h>
 
+#include "checkpoint/component_checkpoint.h"
 #include "checkpoint/pipeline_folder.h"
+#include "lora/lora_adapters.h"
+#include "lora/lora_file_map.h"
+#include "lora/lora_slices.h"
 #include "checkpoint/torch_dtype.h"
 #include "memory/offload_plan.h"
 #include "models/model_config.h"
@@ -34,7 +39,26 @@ struct SizedComponent {
   models::ComponentListing listing;
   models::ModelTable table;
   models::BuildOptions build;
+  std::vector<lora::LoraModulePart> adapter_parts;  // the run's adapters on this component
 };
+
+// The parts of every adapter file the query names that land on `c` (the
+// transformer: the component pipelines adapt), mapped as a run maps them.
+void add_adapter_parts(SizedComponent& c, const FitQuery& q) {
+  std::set<std::string> files;
+  for (const auto& l : q.loras) files.insert(l.path);
+  for (const auto& r : q.requests)
+    for (const auto& l : r.lora_set()) files.insert(l.path);
+  if (files.empty() || c.layout.name != "transformer") return;
+  const std::vector<lora::LoraComponentTarget> targets = {{"transformer", &c.table, &c.listing.config, {}}};
+  for (const auto& path : files) {
+    lora::check_lora_file(path);
+    const auto file = checkpoint::ComponentCheckpoint::open(path);
+    const lora::LoraLayout layout = lora::map_lora_file(file, targets, q.lora_strict);
+    for (const auto& comp : layout.components)
+      c.adapter_parts.insert(c.adapter_parts.end(), comp.parts.begin(), comp.parts.end());
+  }
+}
 
 std::vector<SizedComponent> size_components(const PipelineLayout& layout, const std::string& variant) {
   std::vector<SizedComponent> out;
@@ -67,7 +91,11 @@ u64 device_bytes(const SizedComponent& c, int rank, int tp) {
   const int crank = c.layout.sharded ? rank : 0;
   const models::RankWeights w = models::rank_weights(c.listing.rows, c.table, crank, ctp, c.build, c.layout.path);
   const u64 in_use = w.offloaded > 0 ? w.largest_group * (c.build.memory.offload.prefetch ? 2 : 1) : 0;
-  return w.resident + in_use;
+  // Adapter slices stay resident in the compute dtype (lora/lora_slices.h).
+  const int element = static_cast<int>(c10::elementSize(checkpoint::parse_compute_dtype(c.build.dtype, "dtype")));
+  u64 adapters = 0;
+  for (const auto& part : c.adapter_parts) adapters = add_bytes(adapters, lora::lora_part_bytes(part, c.table, ctp, element));
+  return add_bytes(w.resident + in_use, adapters);
 }
 
 // One stage's activations: the estimate itself (what the phases and the peak
@@ -341,11 +369,12 @@ FitPlan plan_fit(const FitQuery& q) {
   plan.stage_requests = q.stage_requests;
 
   // A device map is resolved as load_pipeline resolves it (one rank: a map refuses tp > 1).
-  const std::vector<SizedComponent> comps = size_components(
+  std::vector<SizedComponent> comps = size_components(
       options.component_base.memory.device_mapped()
           ? pipeline_layout(q.folder, resolve_device_map(checkpoint::open_pipeline_folder(q.folder), {}, options))
           : layout,
       options.variant);
+  for (auto& c : comps) add_adapter_parts(c, q);
   for (int tp = 1; tp <= q.world; ++tp) {
     if (q.world % tp != 0) continue;
     const std::string why = tp_refusal(comps, q, tp);

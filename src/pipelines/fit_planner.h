@@ -70,6 +70,12 @@ struct FitQuery {
   std::vector<GenerationRequest> requests;
   // Set (> 0): every request's, overriding `requests`.
   int64_t height = 0, width = 0, max_sequence_length = 0, frames = 0;
+  // The adapter files the run reads (every request's sets; the query's
+  // requests' loras are added): each rank keeps its slices of every one,
+  // counted with the transformer's weights (an upper bound when fused,
+  // where they end in the weights). `lora_strict`: as the run maps them.
+  std::vector<LoraChoice> loras;
+  bool lora_strict = true;
   int64_t batch = 1;      // requests denoised together (output.batch_size)
   bool true_cfg = false;  // a negative prompt encoded and denoised too
   int64_t stage_requests = 1;  // staged: requests whose embeddings a round keeps

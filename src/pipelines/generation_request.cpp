@@ -29,6 +29,8 @@ std::vector<std::pair<std::string, std::string>> generation_text(const Generatio
     t.emplace_back("frames", std::to_string(r.frame_count()));
     add("fps", r.fps);
   }
+  // One "lora" chunk per adapter, in order: "<scale> <path>" (only with adapters: a base image's text is unchanged).
+  for (const auto& l : r.lora_set()) t.emplace_back("lora", fmt::format("{} {}", l.scale, l.path));
   t.emplace_back("model", model);
   t.emplace_back("dtype", dtype);
   return t;

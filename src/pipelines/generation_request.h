@@ -119,8 +119,8 @@ std::string outside_bound(const RequestBound& bound, int64_t value);
 // A request's parameters as PNG text chunks, in this order: Software, prompt,
 // negative_prompt (when set), seed, height, width, steps, guidance,
 // true_cfg_scale, guidance_2, max_sequence_length, frames and fps (only
-// above 1 frame: an image's text is what it always was), model, dtype. Unset
-// fields are left out.
+// above 1 frame: an image's text is what it always was), one "lora" per
+// adapter ("<scale> <path>"), model, dtype. Unset fields are left out.
 std::vector<std::pair<std::string, std::string>> generation_text(const GenerationRequest& request,
                                                                   const std::string& model, const std::string& dtype);
 

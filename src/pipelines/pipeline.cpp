@@ -12,6 +12,17 @@
 
 namespace tprun::pipelines {
 
+void Pipeline::prepare_loras(const std::vector<std::vector<LoraChoice>>& sets, bool, const std::string& apply) {
+  lora::parse_lora_apply(apply, "lora_apply");
+  for (const auto& set : sets) {
+    if (!set.empty()) {
+      throw ConfigError(fmt::format("{}: {} takes no LoRA adapters (adapter {})", folder(), class_name(),
+                                    set.front().path),
+                        true);
+    }
+  }
+}
+
 models::ModelOptions component_options(const PipelineOptions& options) {
   models::ModelOptions o = options.component_base;
   o.dtype = options.dtype;

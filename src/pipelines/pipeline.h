@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "lora/lora_adapters.h"
 #include "models/model.h"
 #include "parallel/tp_context.h"
 #include "pipelines/generation_request.h"
@@ -159,6 +160,16 @@ class Pipeline {
   // frame's). Here: request_latent_shape's first size (packed latents).
   virtual int64_t latent_tokens(const GenerationRequest& request) const;
 
+  // LoRA adapters (lora/lora_adapters.h): every distinct adapter set the
+  // run will use ([] among them where some requests take none), mapped,
+  // read as this rank's slices and checked before any compute; then the
+  // apply mode ("auto" | "fused" | "runtime") is chosen. Once, before the
+  // first batch; generate_batch puts each batch's set in force. Errors name
+  // the file and key, alike on every rank. Here: a pipeline that takes no
+  // adapters refuses any non-empty set.
+  virtual void prepare_loras(const std::vector<std::vector<LoraChoice>>& sets, bool strict, const std::string& apply);
+  // What prepare_loras read and keeps on this rank, and how it applies them.
+  virtual lora::LoraStats lora_stats() const { return {}; }
   virtual bool decodes() const = 0;  // this rank loads the VAE and decodes
   virtual const std::string& folder() const = 0;
   virtual const std::string& dtype() const = 0;

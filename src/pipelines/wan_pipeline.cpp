@@ -227,6 +227,8 @@ void WanPipeline::hold_stage(int64_t stage) const {
   model.release();
   (stage == 1 ? transformer_2_ : transformer_).reset(denoiser);
   held_stage_ = stage;
+  // The adapters reach `transformer` (diffusers' default: not transformer_2).
+  rebind_loras("transformer", transformer_.get());
   if (ctx_.tp.rank == 0) {
     spdlog::info("experts staged: {} now holds {} ({})", ctx_.folder, stage == 1 ? "transformer_2" : "transformer",
                  format_size(denoiser->bytes_loaded()));

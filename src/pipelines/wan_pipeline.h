@@ -82,6 +82,7 @@ class WanPipeline final : public DiffusionPipeline {
   // by hold_stage.
   int64_t denoise_stages() const override { return boundary_ ? 2 : 1; }
   int64_t step_stage(float t) const override { return second_expert(t) ? 1 : 0; }
+  bool reloads(const std::string& component) const override { return staged_ && component == "transformer"; }
   void hold_stage(int64_t stage) const override;
   // Whether step t runs the second expert.
   bool second_expert(float t) const;
