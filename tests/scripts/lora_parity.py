@@ -240,7 +240,9 @@ def compare_tprun(fam, folder, files, pair, ref_img, tp, apply, work):
     if got is None:
         why = [t for fmt, _ in pair for f, t in fam.refusal_ok.items() if f == fmt and t in png]
         if why:
-            H.check(True, f"{label}: refused, naming {why[0]} (allowed): {png.splitlines()[-1][:300]}")
+            line = next(l for l in png.splitlines() if why[0] in l)
+            H.check(png.startswith(("exit 3", "exit 4")), f"{label}: refused ({png.split(':')[0]}), naming {why[0]} "
+                    f"(allowed): {line.strip()[:400]}")
             ROWS.append((label, "refused", None))
         else:
             H.check(False, f"{label} ran: {png}")
