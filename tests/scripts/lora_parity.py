@@ -237,13 +237,19 @@ def compare_tprun(fam, folder, files, pair, ref_img, tp, apply, work):
     tag = "".join(c if c.isalnum() else "_" for c in label)
     got, png = pp.tprun_generate(tag, folder, fam.call.prompt, fam.call.seed, fam.call.steps, fam.call.height,
                                  fam.call.width, [*flags, *lora_flags(pair, files, apply)], tp)
+    if got is None and fam.refusal_ok:  # the whole log (tprun_generate keeps its tail): every rank's refusal
+        c = fam.call
+        rc, log = H.run(["generate", "--model", folder, "--prompt", c.prompt, "--height", str(c.height), "--width",
+                         str(c.width), "--steps", str(c.steps), "--seed", str(c.seed), "--out",
+                         os.path.join(work, "never.png"), *flags, *lora_flags(pair, files, apply)], np_=tp)
+        png = f"exit {rc}: {log}"
     if got is None:
         why = [t for fmt, _ in pair for f, t in fam.refusal_ok.items() if f == fmt and t in png]
         if why:
             lines = [l for l in png.splitlines() if why[0] in l and "error" in l]
             H.check(png.startswith(("exit 3", "exit 4")) and len(lines) >= tp,
                     f"{label}: refused ({png.split(':')[0]}) on {len(lines)} of {tp} ranks, naming {why[0]} "
-                    f"(allowed): {lines[0].strip()[:400] if lines else png[-600:]}")
+                    f"(allowed): {lines[0].strip()[:400] if len(lines) >= tp else png[-1500:]}")
             ROWS.append((label, "refused", None))
         else:
             H.check(False, f"{label} ran: {png}")
