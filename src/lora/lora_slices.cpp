@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/scalar_tensor.h>
@@ -118,6 +119,16 @@ LoraFileSlices read_lora_slices(const LoraLayout& layout, const std::vector<Lora
       const int64_t in_features = spec.shape[1];
       at::Tensor down = read_rows(source, part.down_key, 0, part.rank, req.down);
       at::Tensor up = read_rows(source, part.up_key, part.up_row_offset, part.up_rows, req.up);
+      if (part.up_halves_swapped) {
+        // BFL's (shift, scale) rows as diffusers' (scale, shift): read whole (the layers that take such
+        // an adapter, the output modulation, are never split by rows).
+        if (!req.up.whole() || part.up_rows % 2 != 0) {
+          throw Error(Error::Kind::Internal,
+                      fmt::format("{}: '{}' swaps the halves of a split or odd B", layout.path, part.up_key));
+        }
+        const int64_t half = part.up_rows / 2;
+        up = at::cat({up.narrow(0, half, half), up.narrow(0, 0, half)}, 0);
+      }
       if (down.size(0) != part.rank || (req.down.whole() && down.size(1) != in_features)) {
         throw Error(Error::Kind::Internal, fmt::format("{}: '{}' read as [{}, {}]", layout.path, part.down_key,
                                                        down.size(0), down.size(1)));

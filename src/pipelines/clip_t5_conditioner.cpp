@@ -84,4 +84,13 @@ std::vector<PromptTokens> ClipT5Conditioner::tokenize(const std::string& folder,
           {"tokenizer_2", "T5", t5.encode(prompt, max_sequence_length)}};
 }
 
+std::vector<std::pair<std::string, const models::Model*>> ClipT5Conditioner::lora_encoders() const {
+  if (!clip_) return {};
+  return {{"text_encoder", clip_.get()}};
+}
+
+std::vector<std::string> ClipT5Conditioner::lora_dropped_prefixes() const {
+  return {"lora_te2_", "text_encoders.t5xxl.", "text_encoder_2."};
+}
+
 }  // namespace tprun::pipelines

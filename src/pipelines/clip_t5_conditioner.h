@@ -48,6 +48,9 @@ class ClipT5Conditioner final : public TextConditioner {
   void add_carried(models::TensorMap& encoded) const override;
   models::TensorMap batch(const std::vector<models::TensorMap>& per_request, const std::string& prefix) const override;
   void take(LoadedComponents& parts) override;
+  // CLIP ("text_encoder"); T5's keys are dropped, as diffusers' FluxPipeline drops them.
+  std::vector<std::pair<std::string, const models::Model*>> lora_encoders() const override;
+  std::vector<std::string> lora_dropped_prefixes() const override;
 
   // `tprun tokenize`: CLIP padded to its model_max_length, T5 to max_sequence_length.
   static std::vector<PromptTokens> tokenize(const std::string& folder, const std::string& prompt,

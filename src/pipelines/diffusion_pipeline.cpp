@@ -81,7 +81,9 @@ void DiffusionPipeline::load_folder(const std::string& folder, const parallel::T
   // The weights: every TP plan first, then this rank's components.
   LoadedComponents parts = load_components(pf, *spec_, configs, ctx_.tp, options);
   ctx_.bytes += parts.bytes;
-  if (configs.has("transformer")) transformer_config_ = configs.at("transformer").json;
+  for (const char* name : {"transformer", "text_encoder", "text_encoder_2"}) {
+    if (configs.has(name)) lora_configs_[name] = configs.at(name).json;
+  }
   transformer_ = parts.take<models::Denoiser>("transformer");
   if (transformer_) attention_chunk_ = transformer_->attention_chunk();
   vae_ = parts.take<models::Vae>("vae");
@@ -115,16 +117,38 @@ void DiffusionPipeline::prepare_loras(const std::vector<std::vector<LoraChoice>>
   bool any = false;
   for (const auto& set : sets) any = any || !set.empty();
   if (!any) return;
-  if (!ctx_.denoiser || !transformer_) {
-    throw Error(Error::Kind::Internal, "adapters prepared on a pipeline without its transformer");
-  }
+  // The encode phase of a staged job (no transformer) runs no adapter: the
+  // denoise phase's pipeline prepares them (and refuses text-encoder keys,
+  // its text encoders not being loaded).
+  if (!ctx_.denoiser || !transformer_) return;
+  std::vector<lora::LoraComponent> components;
   lora::LoraComponent t;
   t.component = "transformer";
   t.model = transformer_.get();
-  t.config = &transformer_config_;
+  t.config = &lora_configs_.at("transformer");
   t.reloads = reloads("transformer");
-  loras_ = std::make_unique<lora::LoraAdapters>(std::vector<lora::LoraComponent>{t});
+  t.dropped_prefixes = text_->lora_dropped_prefixes();
+  components.push_back(t);
+  for (const auto& [name, model] : text_->lora_encoders()) {
+    auto config = lora_configs_.find(name);
+    if (!model || config == lora_configs_.end()) continue;
+    components.push_back({name, model, &config->second, {}, false});
+  }
+  loras_ = std::make_unique<lora::LoraAdapters>(std::move(components));
   loras_->prepare(sets, strict, mode);
+}
+
+void DiffusionPipeline::use_loras(const GenerationRequest& r) const {
+  if (!loras_) {
+    if (!r.lora_set().empty()) {
+      throw Error(Error::Kind::Internal, fmt::format("request '{}' names adapters that were not prepared", r.id));
+    }
+    return;
+  }
+  loras_->activate(r.lora_set());
+  bool text = false;
+  for (const auto& [name, model] : text_->lora_encoders()) text = text || loras_->adapts(name);
+  text_lora_key_ = text ? lora::lora_set_key(r.lora_set()) : std::string();
 }
 
 lora::LoraStats DiffusionPipeline::lora_stats() const { return loras_ ? loras_->stats() : lora::LoraStats{}; }
@@ -206,7 +230,7 @@ models::TensorMap DiffusionPipeline::encode_prompt(const std::string& prompt, in
   if (!text_->loaded()) {
     throw RequestError(fmt::format("{} was loaded without {}", ctx_.folder, text_->encoders_name()), true);
   }
-  const std::string key = prompt_key(prompt, max_sequence_length);
+  const std::string key = prompt_key(prompt, max_sequence_length) + text_lora_key_;
   if (auto hit = ctx_.cache->get(key)) return *hit;
   models::TensorMap out = text_->encode(prompt, max_sequence_length);
   ctx_.cache->put(key, out);
@@ -329,7 +353,8 @@ std::unique_ptr<Pipeline::InFlight> DiffusionPipeline::start_batch(const std::ve
   const int64_t steps = *r.steps, height = *r.height, width = *r.width;
   b->cfg = true_cfg(r);
 
-  // 1. Prompt embeddings.
+  // 1. Prompt embeddings (with the batch's adapters where they reach a text encoder).
+  use_loras(r);
   auto t0 = Clock::now();
   b->in = encode_batch(b->rs, b->cfg);
   b->times.encode_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -369,11 +394,7 @@ void DiffusionPipeline::advance_batch(InFlight& batch, int64_t stage) const try 
   hold_stage(stage);
   const GenerationRequest& r = b.rs.front();
   // This batch's adapters (one set per batch: batch_key) in force for its steps.
-  if (loras_) {
-    loras_->activate(r.lora_set());
-  } else if (!r.lora_set().empty()) {
-    throw Error(Error::Kind::Internal, fmt::format("request '{}' names adapters that were not prepared", r.id));
-  }
+  use_loras(r);
   std::map<const models::Denoiser*, TransformerCall> calls;
   const StepPlan plan = [&](int64_t, float t) {
     const models::Denoiser* d = &step_transformer(t);

@@ -24,6 +24,7 @@
 // decode), check_family_request.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -89,8 +90,8 @@ class DiffusionPipeline : public Pipeline {
   uint64_t bytes_loaded() const override { return ctx_.bytes; }
   int64_t transformer_all_reduces() const override;
   PromptCacheStats prompt_cache_stats() const override { return ctx_.cache->stats(); }
-  // The transformer's adapters (lora/lora_adapters.h); text-encoder keys are
-  // refused by name (docs/lora.md).
+  // The transformer's adapters and, where the family's diffusers loader takes
+  // them, its text encoders' (FLUX.1: CLIP); docs/lora.md.
   void prepare_loras(const std::vector<std::vector<LoraChoice>>& sets, bool strict, const std::string& apply) override;
   lora::LoraStats lora_stats() const override;
 
@@ -190,8 +191,14 @@ class DiffusionPipeline : public Pipeline {
   mutable std::unique_ptr<models::Denoiser> transformer_;
   int64_t attention_chunk_ = 0;  // the transformer's, as loaded (the memory estimate's)
   std::unique_ptr<models::Vae> vae_;
-  nlohmann::json transformer_config_;
+  // config.json of the components adapters may reach (the transformer, the text encoders).
+  std::map<std::string, nlohmann::json> lora_configs_;
   std::unique_ptr<lora::LoraAdapters> loras_;  // after prepare_loras
+  // The set in force where adapters reach a text encoder ("" otherwise): a
+  // part of every prompt-cache key, so embeddings of other adapters never serve.
+  mutable std::string text_lora_key_;
+  // Puts `r`'s adapter set in force (generate_batch's parts, before the encode and the steps).
+  void use_loras(const GenerationRequest& r) const;
 
  private:
   void load_folder(const std::string& folder, const parallel::TpContext& tp, const PipelineOptions& options);

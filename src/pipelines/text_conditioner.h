@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <c10/core/Device.h>
@@ -19,6 +20,10 @@
 
 #include "models/tensor_map.h"
 #include "pipelines/generation_request.h"
+
+namespace tprun::models {
+class Model;
+}
 
 namespace tprun::pipelines {
 
@@ -64,6 +69,12 @@ class TextConditioner {
   // Takes its text encoders from a load's components (none where the load
   // held no text encoders).
   virtual void take(LoadedComponents& parts) = 0;
+  // The text encoders LoRA adapters reach as diffusers' load_lora_weights
+  // does for the family (FluxPipeline: CLIP as "text_encoder"), by component
+  // name, where loaded; and the key prefixes the family's loader drops (FLUX.1:
+  // its T5's). Default: none (the family's adapters reach the transformer only).
+  virtual std::vector<std::pair<std::string, const models::Model*>> lora_encoders() const { return {}; }
+  virtual std::vector<std::string> lora_dropped_prefixes() const { return {}; }
 };
 
 }  // namespace tprun::pipelines
