@@ -9,7 +9,8 @@
 - "kohya" / "comfy" (FLUX.1): sd-scripts' `lora_unet_<BFL name>.lora_down / lora_up / alpha`, written here from the
   model's widths (a fused qkv and the single block's linear1 as one tensor each); "comfy" is the same under
   `diffusion_model.<BFL dotted name>`.
-- "kohya_te" (FLUX.1): "kohya" with CLIP text-encoder keys (`lora_te1_text_model_encoder_layers_0_...`).
+- "kohya_te" (FLUX.1): "kohya" with CLIP text-encoder keys (`lora_te1_text_model_encoder_layers_0_...`);
+  "kohya_extra": "kohya" with keys of blocks the model does not have (what `--lora-strict false` skips).
 - "bfl" / "kohya" (FLUX.2): ai-toolkit's `diffusion_model.<BFL name>.lora_A / lora_B` (fused qkv, linear1 / linear2,
   the modulation and embedder linears) and sd-scripts' `lora_unet_<BFL name>.lora_down / lora_up / alpha` (the
   top-level linears diffusers' converter reads).
@@ -146,8 +147,19 @@ def _kohya_alpha(name, rank):
     return rank * (0.5 if "attn" in name else 1.5)
 
 
-def make_flux1_kohya(ctx, path, seed, comfy=False):
+EXTRA_BLOCK = 9  # "kohya_extra": a double and a single block of this index, past the test model's
+
+
+def make_flux1_kohya(ctx, path, seed, comfy=False, extra=False):
+    """sd-scripts' FLUX.1 file (comfy: under diffusion_model. with dotted names); with `extra`, keys of a double
+    and a single block the model does not have too (diffusers leaves them out with a warning)."""
     mods = flux1_bfl_modules(ctx["linears"], ctx["config"])
+    if extra:
+        assert ctx["config"]["num_layers"] <= EXTRA_BLOCK and ctx["config"]["num_single_layers"] <= EXTRA_BLOCK
+        mods += [(n.replace("double_blocks.0.", f"double_blocks.{EXTRA_BLOCK}."), i, o, r)
+                 for n, i, o, r in mods if n.startswith("double_blocks.0.img_attn.proj")]
+        mods += [(n.replace("single_blocks.0.", f"single_blocks.{EXTRA_BLOCK}."), i, o, r)
+                 for n, i, o, r in mods if n.startswith("single_blocks.0.linear2")]
     if comfy:
         return _write_original(path, seed, mods, lambda n: "diffusion_model." + n, alphas=_kohya_alpha)
     return _write_original(path, seed, mods, lambda n: "lora_unet_" + n.replace(".", "_"), alphas=_kohya_alpha)
