@@ -62,7 +62,8 @@ def peft_adapter(transformer, seed, config):
                 p.copy_(_draw(g, p.shape, p.shape[1] ** -0.5))
             elif f"lora_B.{name}" in pname:
                 p.copy_(_draw(g, p.shape, B_STD / p.shape[1] ** 0.5))
-    sd = {k: v.detach().clone().contiguous() for k, v in get_peft_model_state_dict(transformer, adapter_name=name).items()}
+    sd = get_peft_model_state_dict(transformer, adapter_name=name)
+    sd = {k: v.detach().clone().contiguous() for k, v in sd.items()}
     transformer.delete_adapters(name)
     return sd
 
@@ -123,14 +124,13 @@ def flux1_bfl_modules(lin, cfg, rank=4):
     for i in range(cfg["num_layers"]):
         p = f"transformer_blocks.{i}."
         inner = lin[p + "attn.to_q"][1]
-        for s, t in (("img", ""), ("txt", "add_")):
-            q = p + ("attn.to_q" if s == "img" else "attn.add_q_proj")
-            mods += [(f"double_blocks.{i}.{s}_attn.qkv", lin[q][0], 3 * inner, rank),
-                     (f"double_blocks.{i}.{s}_attn.proj", *lin[p + ("attn.to_out.0" if s == "img" else "attn.to_add_out")], rank),
-                     (f"double_blocks.{i}.{s}_mlp.0", *lin[p + ("ff" if s == "img" else "ff_context") + ".net.0.proj"], rank),
-                     (f"double_blocks.{i}.{s}_mlp.2", *lin[p + ("ff" if s == "img" else "ff_context") + ".net.2"], rank),
-                     (f"double_blocks.{i}.{s}_mod.lin", *lin[p + ("norm1" if s == "img" else "norm1_context") + ".linear"],
-                      rank)]
+        for s, q, o, ff, norm in (("img", "to_q", "to_out.0", "ff", "norm1"),
+                                  ("txt", "add_q_proj", "to_add_out", "ff_context", "norm1_context")):
+            mods += [(f"double_blocks.{i}.{s}_attn.qkv", lin[p + "attn." + q][0], 3 * inner, rank),
+                     (f"double_blocks.{i}.{s}_attn.proj", *lin[p + "attn." + o], rank),
+                     (f"double_blocks.{i}.{s}_mlp.0", *lin[p + ff + ".net.0.proj"], rank),
+                     (f"double_blocks.{i}.{s}_mlp.2", *lin[p + ff + ".net.2"], rank),
+                     (f"double_blocks.{i}.{s}_mod.lin", *lin[p + norm + ".linear"], rank)]
     for i in range(cfg["num_single_layers"]):
         p = f"single_transformer_blocks.{i}."
         inner, mlp = lin[p + "attn.to_q"][1], lin[p + "proj_mlp"][1]

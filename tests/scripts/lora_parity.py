@@ -89,7 +89,8 @@ def flux1_kohya_widths(config):
     src = textwrap.dedent(inspect.getsource(lcu._convert_kohya_flux_lora_to_diffusers))
     old = "dims=[3072, 3072, 3072, 12288]"
     if src.count(old) != 1:
-        raise SystemExit(f"FAIL: diffusers' _convert_kohya_flux_lora_to_diffusers no longer has {old!r}: see lora_parity.py")
+        raise SystemExit(f"FAIL: diffusers' _convert_kohya_flux_lora_to_diffusers no longer has {old!r}: "
+                         "see lora_parity.py")
     src = src.replace(old, f"dims=[{inner}, {inner}, {inner}, {4 * inner}]")
     scope = dict(vars(lcu))
     exec(compile(src, lcu.__file__, "exec"), scope)
@@ -102,8 +103,8 @@ def clip_keys_for_transformers5(pipe, path):
     transformers 5 drops the `text_model.` level, so load_lora_weights of the file itself adapts no text-encoder
     Linear (it fails making the config). The mapping stays diffusers'; only the module path moves."""
     sd = pipe.lora_state_dict(path)
-    return {("text_encoder." + k[len("text_encoder.text_model."):] if k.startswith("text_encoder.text_model.") else k): v
-            for k, v in sd.items()}
+    old = "text_encoder.text_model."
+    return {("text_encoder." + k[len(old):] if k.startswith(old) else k): v for k, v in sd.items()}
 
 
 FAMILIES = {f.cls: f for f in [
