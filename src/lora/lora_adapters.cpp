@@ -42,11 +42,11 @@ const char* lora_apply_name(LoraApply apply) {
 void check_lora_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    throw CheckpointError(fmt::format("adapter {}: {}", path, std::strerror(errno)), true);
+    throw ConfigError(fmt::format("adapter {}: {}", path, std::strerror(errno)), true);
   }
   if (!S_ISREG(st.st_mode)) {
-    throw CheckpointError(fmt::format("adapter {}: not a regular file (a LoRA adapter is one .safetensors file)", path),
-                          true);
+    throw ConfigError(fmt::format("adapter {}: not a regular file (a LoRA adapter is one .safetensors file)", path),
+                      true);
   }
 }
 
@@ -71,7 +71,14 @@ struct LoraAdapters::Impl {
     auto it = files.find(path);
     if (it != files.end()) return it->second;
     check_lora_file(path);
-    const auto ckpt = checkpoint::ComponentCheckpoint::open(path);
+    // Every rank reads the same header: its refusal is every rank's.
+    const auto ckpt = [&] {
+      try {
+        return checkpoint::ComponentCheckpoint::open(path);
+      } catch (const Error& e) {
+        rethrow_on_all_ranks(e);
+      }
+    }();
     std::vector<LoraComponentTarget> targets;
     std::vector<LoraModel> models;
     for (const auto& c : components) {
