@@ -10,7 +10,8 @@
   model's widths (a fused qkv and the single block's linear1 as one tensor each); "comfy" is the same under
   `diffusion_model.<BFL dotted name>`.
 - "kohya_te" (FLUX.1): "kohya" with CLIP text-encoder keys (`lora_te1_text_model_encoder_layers_0_...`);
-  "kohya_extra": "kohya" with keys of blocks the model does not have (what `--lora-strict false` skips).
+  "kohya_extra": "kohya" with keys of blocks the model does not have (what `--lora-strict false` skips);
+  "kohya_top": "kohya" with the top-level linears (img_in, time_in, vector_in, guidance_in, final_layer).
 - "bfl" / "kohya" (FLUX.2): ai-toolkit's `diffusion_model.<BFL name>.lora_A / lora_B` (fused qkv, linear1 / linear2,
   the modulation and embedder linears) and sd-scripts' `lora_unet_<BFL name>.lora_down / lora_up / alpha` (the
   top-level linears diffusers' converter reads).
@@ -141,8 +142,8 @@ def flux1_bfl_modules(lin, cfg, rank=4):
 
 
 def _kohya_alpha(name, rank):
-    """Alphas unlike the rank, one module without (alpha = rank)."""
-    if name.endswith("mlp.2"):
+    """Alphas unlike the rank, a module kind without (alpha = rank)."""
+    if name.endswith("mlp.2") or name.startswith("final_layer."):
         return None
     return rank * (0.5 if "attn" in name else 1.5)
 
@@ -150,10 +151,24 @@ def _kohya_alpha(name, rank):
 EXTRA_BLOCK = 9  # "kohya_extra": a double and a single block of this index, past the test model's
 
 
-def make_flux1_kohya(ctx, path, seed, comfy=False, extra=False):
+# FLUX.1's top-level BFL linears and their diffusers modules (diffusers' kohya converter maps them, then drops them).
+FLUX1_TOP = (("img_in", "x_embedder"), ("txt_in", "context_embedder"),
+             ("time_in.in_layer", "time_text_embed.timestep_embedder.linear_1"),
+             ("time_in.out_layer", "time_text_embed.timestep_embedder.linear_2"),
+             ("vector_in.in_layer", "time_text_embed.text_embedder.linear_1"),
+             ("vector_in.out_layer", "time_text_embed.text_embedder.linear_2"),
+             ("guidance_in.in_layer", "time_text_embed.guidance_embedder.linear_1"),
+             ("guidance_in.out_layer", "time_text_embed.guidance_embedder.linear_2"),
+             ("final_layer.linear", "proj_out"), ("final_layer.adaLN_modulation.1", "norm_out.linear"))
+
+
+def make_flux1_kohya(ctx, path, seed, comfy=False, extra=False, top=False):
     """sd-scripts' FLUX.1 file (comfy: under diffusion_model. with dotted names); with `extra`, keys of a double
-    and a single block the model does not have too (diffusers leaves them out with a warning)."""
+    and a single block the model does not have too (diffusers leaves them out with a warning); with `top`, the
+    top-level linears too (FLUX1_TOP; the final layer's without alpha: diffusers' converter reads none there)."""
     mods = flux1_bfl_modules(ctx["linears"], ctx["config"])
+    if top:
+        mods += [(bfl, *ctx["linears"][ours], 4) for bfl, ours in FLUX1_TOP if ours in ctx["linears"]]
     if extra:
         assert ctx["config"]["num_layers"] <= EXTRA_BLOCK and ctx["config"]["num_single_layers"] <= EXTRA_BLOCK
         mods += [(n.replace("double_blocks.0.", f"double_blocks.{EXTRA_BLOCK}."), i, o, r)

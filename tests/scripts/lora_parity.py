@@ -16,7 +16,10 @@ tolerance (the adapter is no no-op), unloading gives the base image back, and `f
 within the tolerance. Then `tprun generate ... --lora A --lora-scale w1 --lora B --lora-scale w2 --lora-apply
 fused|runtime` under mpirun at tp 1, 2 and 4: the float image (or video frames) and the PNG within the family's
 tolerances. In ci mode each pair runs once at each tp, the apply mode alternating, so that every pair and every tp
-sees both modes (9 to 12 runs a family). FLUX.1 also runs a file with keys of blocks the model lacks: refused by
+sees both modes (9 to 12 runs a family). Where tprun deliberately reads a file otherwise than diffusers 0.40
+(FLUX.1 kohya's top-level modules, which diffusers drops; FLUX.2's BFL final modulation, which diffusers leaves
+unswapped), diffusers gets its own conversion of the file with that one thing corrected (the `prepare` functions,
+each saying why). FLUX.1 also runs a file with keys of blocks the model lacks: refused by
 default on every rank naming them; with `--lora-strict false` (apply auto) skipped with a warning, the image
 diffusers gives (it leaves them out too).
 """
@@ -108,6 +111,28 @@ def clip_keys_for_transformers5(pipe, path):
     return {("text_encoder." + k[len(old):] if k.startswith(old) else k): v for k, v in sd.items()}
 
 
+def kohya_top_level_kept(pipe, path):
+    """diffusers' own conversion of a kohya FLUX.1 file, its top-level modules kept: the converter maps img_in,
+    txt_in, time_in, vector_in, guidance_in and final_layer (that one's up halves swapped, as FLUX.1's checkpoint
+    converter swaps norm_out's) but names them without "transformer.", so load_lora_weights of the file drops them
+    silently; tprun applies them (src/models/flux_lora_names.cpp, tests/scripts/lora_names_check.py)."""
+    return {(k if k.startswith(("transformer.", "text_encoder.")) else "transformer." + k): v
+            for k, v in pipe.lora_state_dict(path).items()}
+
+
+def flux2_output_modulation_swapped(pipe, path):
+    """diffusers' own conversion of a BFL FLUX.2 file, norm_out.linear's lora_B halves swapped: diffusers 0.40's
+    converter maps final_layer.adaLN_modulation.1 to norm_out.linear unswapped although its checkpoint converter
+    swaps that layer's (shift, scale) halves; tprun swaps B's halves as the base weight's were (a deliberate
+    difference: src/models/flux2_lora_names.cpp, tests/scripts/lora_names_check.py)."""
+    from diffusers.loaders.lora_conversion_utils import swap_scale_shift
+    key = "transformer.norm_out.linear.lora_B.weight"
+    sd = pipe.lora_state_dict(path)
+    if key not in sd:
+        raise SystemExit(f"FAIL: diffusers' conversion of {path} has no {key}")
+    return {k: (swap_scale_shift(v) if k == key else v) for k, v in sd.items()}
+
+
 FAMILIES = {f.cls: f for f in [
     LoraFamily(
         "FluxPipeline", "flux", "small",
@@ -117,10 +142,11 @@ FAMILIES = {f.cls: f for f in [
                  "kohya": lambda ctx, path, seed: la.make_flux1_kohya(ctx, path, seed),
                  "comfy": lambda ctx, path, seed: la.make_flux1_kohya(ctx, path, seed, comfy=True),
                  "kohya_te": lambda ctx, path, seed: la.make_flux1_kohya_te(ctx, path, seed),
-                 "kohya_extra": lambda ctx, path, seed: la.make_flux1_kohya(ctx, path, seed, extra=True)},
+                 "kohya_extra": lambda ctx, path, seed: la.make_flux1_kohya(ctx, path, seed, extra=True),
+                 "kohya_top": lambda ctx, path, seed: la.make_flux1_kohya(ctx, path, seed, top=True)},
         pairs=[(("peft", 0.8), ("kohya", 0.6)), (("peft_patterns", 1.0), ("comfy", -0.5)),
-               (("peft_rslora", 0.7), ("kohya", 1.2)), (("kohya_te", 0.9), ("peft", 0.5))],
-        prepare={"kohya_te": clip_keys_for_transformers5},
+               (("peft_rslora", 0.7), ("kohya_top", 1.2)), (("kohya_te", 0.9), ("peft", 0.5))],
+        prepare={"kohya_te": clip_keys_for_transformers5, "kohya_top": kohya_top_level_kept},
         lenient=((("kohya_extra", 0.9), ("peft", 0.5)), f"lora_unet_double_blocks_{la.EXTRA_BLOCK}_"),
         patch=flux1_kohya_widths),
     LoraFamily(
@@ -133,7 +159,8 @@ FAMILIES = {f.cls: f for f in [
                  "bfl": lambda ctx, path, seed: la.make_flux2_bfl(ctx, path, seed),
                  "kohya": lambda ctx, path, seed: la.make_flux2_kohya(ctx, path, seed)},
         pairs=[(("peft", 0.8), ("bfl", 0.6)), (("peft_patterns", 1.0), ("base_model_prefix", -0.5)),
-               (("peft_rslora", 0.7), ("kohya", 1.2))]),
+               (("peft_rslora", 0.7), ("kohya", 1.2))],
+        prepare={"bfl": flux2_output_modulation_swapped}),
     LoraFamily(
         "QwenImagePipeline", "qwen-image", "small",
         Call("lora", PROMPT, seed=1, steps=3),
