@@ -42,21 +42,31 @@ struct SizedComponent {
   std::vector<lora::LoraModulePart> adapter_parts;  // the run's adapters on this component
 };
 
-// The parts of every adapter file the query names that land on `c` (the
-// transformer: the component pipelines adapt), mapped as a run maps them.
-void add_adapter_parts(SizedComponent& c, const FitQuery& q) {
+// The parts of every adapter file the query names, each on the component it
+// lands on (the transformer, a text encoder), mapped as a run maps them. The
+// planner offers every text encoder it sizes; the run takes the family's own
+// (FLUX.1: CLIP) and drops the rest, so a text encoder's count may be high.
+void add_adapter_parts(std::vector<SizedComponent>& comps, const FitQuery& q) {
   std::set<std::string> files;
   for (const auto& l : q.loras) files.insert(l.path);
   for (const auto& r : q.requests)
     for (const auto& l : r.lora_set()) files.insert(l.path);
-  if (files.empty() || c.layout.name != "transformer") return;
-  const std::vector<lora::LoraComponentTarget> targets = {{"transformer", &c.table, &c.listing.config, {}}};
+  if (files.empty()) return;
+  std::vector<lora::LoraComponentTarget> targets;
+  for (auto& c : comps) {
+    if (c.layout.name == "transformer" || c.layout.name.rfind("text_encoder", 0) == 0) {
+      targets.push_back({c.layout.name, &c.table, &c.listing.config, {}});
+    }
+  }
   for (const auto& path : files) {
     lora::check_lora_file(path, "adapter");
     const auto file = checkpoint::ComponentCheckpoint::open(path);
     const lora::LoraLayout layout = lora::map_lora_file(file, targets, q.lora_strict);
-    for (const auto& comp : layout.components)
-      c.adapter_parts.insert(c.adapter_parts.end(), comp.parts.begin(), comp.parts.end());
+    for (const auto& lc : layout.components) {
+      for (auto& c : comps) {
+        if (c.layout.name == lc.component) c.adapter_parts.insert(c.adapter_parts.end(), lc.parts.begin(), lc.parts.end());
+      }
+    }
   }
 }
 
@@ -374,7 +384,7 @@ FitPlan plan_fit(const FitQuery& q) {
           ? pipeline_layout(q.folder, resolve_device_map(checkpoint::open_pipeline_folder(q.folder), {}, options))
           : layout,
       options.variant);
-  for (auto& c : comps) add_adapter_parts(c, q);
+  add_adapter_parts(comps, q);
   for (int tp = 1; tp <= q.world; ++tp) {
     if (q.world % tp != 0) continue;
     const std::string why = tp_refusal(comps, q, tp);

@@ -295,6 +295,19 @@ def memory(tmp):
     print(f"planned adapter bytes per rank {got}, expected {want}", flush=True)
     if got != want:
         fail(f"the planner counts {got} adapter bytes per rank, not {want}")
+    # A FLUX.1 file that also holds T5 keys (the run drops them, as diffusers does) is planned too, its
+    # transformer part the same.
+    from safetensors.numpy import load_file, save_file
+    with_t5 = dict(load_file(ad))
+    t5 = "lora_te2_encoder_block_0_layer_0_SelfAttention_q"
+    rng = np.random.default_rng(4)
+    with_t5[t5 + ".lora_down.weight"] = rng.standard_normal((2, 32)).astype(np.float32)
+    with_t5[t5 + ".lora_up.weight"] = rng.standard_normal((32, 2)).astype(np.float32)
+    te_file = os.path.join(tmp, "with_t5.safetensors")
+    save_file(with_t5, te_file)
+    te_planned = transformer_bytes("--lora", te_file)
+    if te_planned != adapted:
+        fail(f"with T5 keys the planner counts the transformer as {te_planned}, not {adapted}")
 
     def generate(name, *extra):
         png = os.path.join(tmp, name + ".png")
