@@ -147,14 +147,16 @@ def measure(work, s):
     t_start = time.time()
     model_dir, inputs, inputs_path, adapter, adapter_path, modules = prepare_files(work, s, case)
     adapter_bytes = os.path.getsize(adapter_path)
+    loadavg_start = os.getloadavg()
     print(f"# files ready ({time.time() - t_start:.0f} s); start: load average "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", file=sys.stderr, flush=True)
+          f"{' '.join(f'{x:.2f}' for x in loadavg_start)}", file=sys.stderr, flush=True)
     runs = {}
     for tp in s["tps"]:
         for mode in MODES:
             out = os.path.join(work, f"tp{tp}_{mode}.safetensors")
             runs[(tp, mode)] = r = run_tprun(s, tp, mode, model_dir, inputs_path, adapter_path, out)
             r["sample_path"] = out
+            r["loadavg_after"] = os.getloadavg()
             print(f"# tp {tp} {mode}: {r['median_s']:.3f} s ({time.time() - t_start:.0f} s elapsed, load "
                   f"{os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
     ref = None
@@ -164,12 +166,12 @@ def measure(work, s):
               f"({time.time() - t_start:.0f} s elapsed, load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
     results = dict(config=CONFIG, grid=list(s["grid"]), text_tokens=case["txt"], dtype=s["dtype"],
                    iters=s["iters"], rank=s["rank"], adapted_modules=[m for m, _, _ in modules],
-                   adapter_file_bytes=adapter_bytes, tprun=[], loadavg_end=os.getloadavg(),
+                   adapter_file_bytes=adapter_bytes, tprun=[], loadavg_start=loadavg_start, loadavg_end=os.getloadavg(),
                    seconds=time.time() - t_start)
     for (tp, mode), r in runs.items():
         row = dict(tp=tp, mode=mode, median_s=r["median_s"], times_s=r["times_s"],
                    ratio=r["median_s"] / runs[(tp, "none")]["median_s"], peak_rss_bytes=r["peak_rss_bytes"],
-                   threads=r["threads"], lora=r.get("lora"))
+                   threads=r["threads"], lora=r.get("lora"), loadavg_after=r["loadavg_after"])
         if ref is not None:
             row["max_abs_diff_vs_diffusers"] = (load_file(r["sample_path"])["sample"] - ref[mode][1]).abs().max().item()
         results["tprun"].append(row)
@@ -217,7 +219,8 @@ def report(res):
         print(f"\ndiffusers: load_lora_adapter + set_adapters {d['load_adapter_s']:.2f} s, fuse_lora "
               f"{d['fuse_s']:.2f} s; the adapter moves the sample by up to {d['max_abs_adapter_effect']:.3g} "
               f"(max |sample| {d['max_abs_sample']:.3g}); diffusers unfused vs fused {d['max_abs_unfused_vs_fused']:.2g}")
-    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in res['loadavg_end'])}")
+    print(f"load average (1, 5, 15 min) at the start: {' '.join(f'{x:.2f}' for x in res['loadavg_start'])}; at the "
+          f"end: {' '.join(f'{x:.2f}' for x in res['loadavg_end'])}")
 
 
 def main():
