@@ -13,6 +13,7 @@
 
 #include "cli/command.h"
 #include "jobs/job_fit.h"
+#include "jobs/lora_paths.h"
 #include "jobs/manifest.h"
 #include "jobs/request_list.h"
 #include "pipelines/fit_planner.h"
@@ -45,12 +46,17 @@ int64_t int_flag(const po::variables_map& vm, const char* name, int64_t lo, int6
 // The manifest's part of the query (jobs/job_fit.h, as `tprun run` asks
 // it): its world where it fixes tp and dp, its device, its requests.
 void query_from_manifest(const std::string& path, pipelines::FitQuery& q, int& world) {
-  const jobs::Manifest m = jobs::parse_manifest(path);
+  jobs::Manifest m = jobs::parse_manifest(path);
   // tp x dp is at most kMaxWorld (parse_manifest refuses more).
   if (m.tp > 0) world = m.dp > 0 ? m.tp * m.dp : std::max(world, m.tp);
   std::error_code ec;
   std::vector<jobs::JobRequest> requests;
-  if (std::filesystem::is_regular_file(m.requests, ec)) requests = jobs::read_requests(m.requests, m.defaults);
+  // Each request's adapters resolved as `tprun run` resolves them (relative to the manifest, held to the path rule).
+  if (std::filesystem::is_regular_file(m.requests, ec)) {
+    requests = jobs::read_job_requests(m);
+  } else {
+    jobs::resolve_manifest_loras(m);
+  }
   q = jobs::fit_query(m, requests, world, m.device);  // auto | cpu | cuda: planned_device resolves auto
 }
 

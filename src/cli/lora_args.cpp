@@ -1,15 +1,12 @@
 #include "cli/lora_args.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
 
 #include "lora/lora_adapters.h"
+#include "lora/lora_file_check.h"
 #include "runtime/error.h"
 
 namespace po = boost::program_options;
@@ -52,13 +49,7 @@ LoraArgs lora_args_from(const po::variables_map& vm) {
                         true);
     }
     const std::string& p = paths[i];
-    struct stat st {};
-    if (p.empty() || ::stat(p.c_str(), &st) != 0) {
-      throw ConfigError(fmt::format("--lora {}: {}", p, p.empty() ? "empty path" : std::strerror(errno)), true);
-    }
-    if (!S_ISREG(st.st_mode)) {
-      throw ConfigError(fmt::format("--lora {}: not a regular file (an adapter is one .safetensors file)", p), true);
-    }
+    lora::check_lora_file(p, "--lora");
     a.set.push_back({std::filesystem::absolute(p).lexically_normal().string(), scale});
   }
   a.strict = vm["lora-strict"].as<bool>();

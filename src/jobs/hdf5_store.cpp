@@ -172,6 +172,8 @@ Hdf5Store::Hdf5Store(const std::string& out_dir, bool images, bool latents, cons
           number_attribute<int64_t>(d.get(), "frames", g.frame_count(), H5T_NATIVE_INT64, where);
           if (g.fps) number_attribute<int64_t>(d.get(), "fps", *g.fps, H5T_NATIVE_INT64, where);
         }
+        // Only a request with adapters has it.
+        if (!sr.loras.empty()) string_attribute(d.get(), "loras", sr.loras, where);
       };
       if (images) make("images/" + r.id, H5T_NATIVE_UINT8, image_dims(r.gen));
       if (latents) {

@@ -12,7 +12,8 @@
 //   /latents/<id>  float32 [tokens, channels]       (format "latents": final packed latents)
 //   attributes: prompt, negative_prompt, seed, height, width, steps, guidance, true_cfg_scale,
 //               guidance_2 (where set), and frames and fps (only where F > 1: an image's dataset is
-//               laid out as it always was)
+//               laid out as it always was), loras (only where the request ran with LoRA adapters: a
+//               JSON array, the same as results.jsonl's "loras": path, resolved, scale, xxh3)
 // The replica's TP rank 0 writes its requests' datasets independently. At the
 // end all ranks drop the datasets that were not written (failed or not run),
 // close the file and rank 0 renames it into place: a store file that exists
@@ -42,6 +43,7 @@ namespace tprun::jobs {
 struct StoreRequest {
   const JobRequest* request = nullptr;
   std::vector<int64_t> latent_shape;  // Pipeline::request_latent_shape: packed [tokens, channels] or a video's [C, F, h, w]
+  std::string loras;  // the "loras" attribute (jobs/lora_records.h lora_records_json); "" = no adapters, none written
 };
 
 class Hdf5Store {

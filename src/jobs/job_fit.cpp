@@ -20,6 +20,7 @@ pipelines::FitQuery fit_query(const Manifest& m, const std::vector<JobRequest>& 
   q.options.shard_modulation = m.shard_modulation;
   q.options.stage_experts = m.experts == "staged";
   q.options.component_base.memory = m.memory;
+  q.lora_strict = m.lora_strict;  // the requests' adapters (their gen.loras) are counted by the planner
   q.batch = m.batch_size;
   if (m.device_memory > 0) q.rank_memory = m.device_memory;
   if (m.phases == "together" || m.phases == "staged") q.stages = m.phases;

@@ -21,6 +21,7 @@
 #include "jobs/hdf5_store.h"
 #include "jobs/job_runner.h"
 #include "jobs/job_schedule.h"
+#include "jobs/lora_records.h"
 #include "jobs/output_folder.h"
 #include "jobs/progress.h"
 #include "jobs/request_list.h"
@@ -71,6 +72,10 @@ class JobRun {
 
  private:
   void validate();
+  void hash_loras();
+  bool job_has_loras() const;
+  void prepare_loras(bool agree);
+  void note_lora_set(const Unit& unit);
   void make_mesh();
   void choose_phases();
   void choose_experts();
@@ -123,6 +128,16 @@ class JobRun {
   std::map<std::string, std::string> output_refused_;
   std::vector<Unit> mine_;
   std::unique_ptr<Hdf5Store> store_;
+
+  // LoRA adapters: each distinct file's hash (every rank: records, store
+  // attributes, resume); the replica's distinct sets in the order its units
+  // run (told to the pipeline before any compute, and after each later
+  // load); the set in force (its key) and the switches so far.
+  LoraHashes lora_hashes_;
+  std::vector<std::vector<lora::LoraChoice>> lora_sets_;
+  bool loras_prepared_ = false;
+  std::string lora_in_force_;
+  int64_t lora_switches_ = 0;
 
   // Staged phases: pipe_ holds the text encoders only (encoders_loaded_) or
   // the transformer and VAE only; the embeddings live in the output folder.

@@ -219,6 +219,7 @@ JobRun::UnitWork JobRun::begin_unit(const Unit& unit) {
     rec.frames = req.gen.frame_count();
     if (rec.frames != 1) rec.fps = req.gen.fps.value_or(0);
     rec.replica = mesh_->dp_rank();
+    rec.loras = lora_records(req, plan_.manifest, lora_hashes_);
     rec.encode_s = staged_ ? round_encode_s_ : 0;
     if (auto failed = encode_failed_.find(req.id); failed != encode_failed_.end()) {
       rec.status = "failed";
@@ -285,8 +286,18 @@ pipelines::StepCallback JobRun::stop_check(const Unit& unit) {
   };
 }
 
+// The adapter set the unit runs with: a switch counted where it differs from
+// the set in force (the pipeline applies it: its batch key holds the set).
+void JobRun::note_lora_set(const Unit& unit) {
+  std::string key = lora::lora_set_key(unit.front()->gen.lora_set());
+  if (key == lora_in_force_) return;
+  ++lora_switches_;
+  lora_in_force_ = std::move(key);
+}
+
 // The batch started and run through `stage` (weight stages: each in its turn).
 void JobRun::unit_stage(UnitWork& w, int64_t stage) {
+  if (!w.failed && !w.live.empty()) note_lora_set(*w.unit);
   unit_part(w, [&] {
     if (!w.batch) w.batch = pipe_->start_batch(w.gens, stop_check(*w.unit));
     pipe_->advance_batch(*w.batch, stage);
@@ -449,7 +460,8 @@ int JobRun::results() {
   const auto cache = pipe_->prompt_cache_stats();
   const bool leader = mesh_->tp_rank() == 0;
   const int64_t run = staged_ ? texts_encoded_ : cache.misses, saved = staged_ ? texts_reused_ : cache.hits;
-  at::Tensor encodes = at::tensor({leader ? run : 0, leader ? saved : 0}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor encodes = at::tensor({leader ? run : 0, leader ? saved : 0, leader ? lora_switches_ : 0},
+                                  at::TensorOptions().dtype(at::kLong));
   mesh_->world().all_reduce(encodes);
   int64_t code = 0;
   if (rank_ == 0) {
@@ -459,11 +471,18 @@ int JobRun::results() {
     const double total = stage_sums_[0] + stage_sums_[1] + stage_sums_[2];
     const int64_t ran = recorded_;
     auto share = [&](double x) { return total > 0 ? 100 * x / total : 0.0; };
+    // A job with adapters: its distinct sets (this run's requests) and the
+    // switches between them, summed over the replicas (each starts from the base model).
+    const std::string lora_part =
+        job_has_loras() ? fmt::format("; LoRA adapter sets {} distinct, {} switch(es)", distinct_lora_sets(todo_).size(),
+                                      encodes[2].item<int64_t>())
+                        : "";
     spdlog::info("summary: {} run ({} failed) in {:.2f} s, {:.3f} img/s; stage shares encode {:.1f}% denoise {:.1f}% "
-                 "decode+write {:.1f}%; replica 0 runner overhead {:.2f}% ({:.3f} s of {:.3f} s)",
+                 "decode+write {:.1f}%; replica 0 runner overhead {:.2f}% ({:.3f} s of {:.3f} s){}",
                  ran, failed_, wall, wall > 0 ? static_cast<double>(ran) / wall : 0.0, share(stage_sums_[0]),
                  share(stage_sums_[1]), share(stage_sums_[2]),
-                 loop_s_ > 0 ? 100 * (loop_s_ - compute_s_) / loop_s_ : 0.0, loop_s_ - compute_s_, loop_s_);
+                 loop_s_ > 0 ? 100 * (loop_s_ - compute_s_) / loop_s_ : 0.0, loop_s_ - compute_s_, loop_s_, lora_part);
+
     if (plan_.manifest.mp4 || plan_.manifest.frame_pngs) {
       spdlog::info("results: {} | videos: {}", log_->path(), (out_dir_ / "videos").string());
     } else {

@@ -31,6 +31,8 @@
 #include "pipelines/pipeline_layout.h"
 #include "jobs/job_run.h"
 #include "jobs/job_schedule.h"
+#include "jobs/lora_paths.h"
+#include "jobs/lora_records.h"
 #include "jobs/merge_results.h"
 #include "jobs/output_folder.h"
 #include "jobs/progress.h"
@@ -60,7 +62,9 @@ JobPlan read_plan(const RunOptions& o) {
   check_requests_file(p.manifest.path, p.manifest.requests);
   check_paths(p.manifest);
   check_defaults(p.manifest);  // against the pipeline's own limits, before any weight
-  p.requests = read_requests(p.manifest.requests, p.manifest.defaults);
+  // [[loras]] and [lora] dirs checked and made canonical, then the requests with their adapter paths held
+  // to the rule (jobs/lora_paths.h).
+  p.requests = read_job_requests(p.manifest);
   if (o.shard_count > 0) {
     check_shard_count({o.shard_index, o.shard_count}, p.requests.size(), p.manifest.requests);
     std::vector<JobRequest> mine;
@@ -99,7 +103,8 @@ void check_output_names(const fs::path& out, bool shard) {
 // file must be one tprun wrote (it is replaced), else the run is refused now,
 // before any weight loads, naming the file. Kept outputs (`done` and whole,
 // or `failed` and not retried) are never written, so never checked.
-void check_request_images(const JobPlan& plan, const ResultsLog& log, bool retry_failed, const fs::path& out) {
+void check_request_images(const JobPlan& plan, const ResultsLog& log, bool retry_failed, const fs::path& out,
+                          const LoraHashes& lora_hashes) {
   const Manifest& m = plan.manifest;
   std::error_code ec;
   auto check = [&](const JobRequest& r, const std::string& rel, OutputKind kind, bool kept) {
@@ -107,7 +112,10 @@ void check_request_images(const JobPlan& plan, const ResultsLog& log, bool retry
     if (!fs::exists(fs::symlink_status(path, ec))) return;
     if (auto it = log.records().find(r.id); it != log.records().end()) {
       if (it->second.status == "failed" && !retry_failed) return;
-      if (it->second.status == "done" && kept) return;
+      // Made with other adapters: it runs again (resume), so its files are replaced.
+      if (it->second.status == "done" && kept && !lora_change(it->second.loras, lora_records(r, m, lora_hashes)).content) {
+        return;
+      }
     }
     const std::string why = foreign_output(path.string(), kind);
     if (!why.empty()) {
@@ -193,6 +201,7 @@ void JobRun::validate() {
   control_.agree([&] { plan_ = read_plan(options_); });
   if (rank_ != 0) plan_ = read_plan(options_);
   const Manifest& m = plan_.manifest;
+  hash_loras();
   const int world = session_.world();
   control_.agree([&] {
     const int dp = m.tp == 0 ? 0 : m.dp > 0 ? m.dp : (world % m.tp == 0 ? world / m.tp : 0);
@@ -222,7 +231,7 @@ void JobRun::validate() {
     if (fs::is_directory(out_dir_, ec)) {
       lock_ = OutputLock::acquire(out_dir_.string());
       log_ = std::make_unique<ResultsLog>(out_dir_.string());
-      check_request_images(plan_, *log_, options_.retry_failed, out_dir_);
+      check_request_images(plan_, *log_, options_.retry_failed, out_dir_, lora_hashes_);
     }
   });
 }
@@ -303,6 +312,21 @@ void JobRun::resume() {
           if (!videos_whole(m, out_dir_, rec, why)) {
             spdlog::warn("request {}: recorded done, but {}; it runs again", r.id, why);
             image_ok = false;
+          }
+        }
+        if (rec.status == "done" && image_ok) {
+          // Made with other adapters (another file content, scale, count or
+          // order): not this request's result; it runs again, replacing
+          // tprun's own outputs (never a file tprun did not write). The same
+          // bytes under other names: kept, and said.
+          const LoraChange change = lora_change(rec.loras, lora_records(r, m, lora_hashes_));
+          if (change.content) {
+            spdlog::warn("request {}: recorded done, but {}; it runs again", r.id, change.what);
+            image_ok = false;
+          } else if (change.names) {
+            spdlog::warn("request {}: recorded done with the same adapter files by content and scale under other "
+                         "paths ({}); kept as done",
+                         r.id, change.what);
           }
         }
         if ((rec.status == "done" && image_ok) || (rec.status == "failed" && !options_.retry_failed)) {
@@ -457,6 +481,9 @@ void JobRun::load_pipeline(bool encoders_only) {
   spdlog::info("loaded {} ({}{}) in {:.2f} s ({} bytes on this rank)", m.model, pipe_->class_name(),
                !staged_ ? "" : encoders_only ? ": text encoders" : ": transformer and VAE", seconds_since(t0),
                pipe_->bytes_loaded());
+  // A pipeline loaded after the schedule (staged: the transformer and VAE of
+  // each round, the encoders of the next) is told the replica's sets too.
+  if (loras_prepared_) prepare_loras(false);
 }
 
 // Every request to run is checked once (batching, the store and the loop use
@@ -482,15 +509,30 @@ void JobRun::schedule() {
   const Manifest& m = plan_.manifest;
   auto units = make_units(todo_, m.batch_size, [&](const JobRequest& r) -> std::optional<std::string> {
     if (!runnable_.count(&r)) return std::nullopt;
-    return pipe_->batch_key(r.gen);
+    // A batch never mixes adapter sets (the pipeline's key says so too).
+    return pipe_->batch_key(r.gen) + "\n" + lora::lora_set_key(r.gen.lora_set());
   });
   mine_ = assign_units(std::move(units), mesh_->dp_size(),
                        [&](const JobRequest& r) { return pipe_->cost(r.gen); })[static_cast<size_t>(mesh_->dp_rank())];
+  // Each set's units together (the assignment, so the cost, unchanged), then
+  // the sets told to the pipeline before any compute.
+  group_by_lora_set(mine_);
+  if (job_has_loras()) {
+    std::vector<const JobRequest*> runs;
+    for (const Unit& u : mine_) {
+      for (const JobRequest* r : u) {
+        if (runnable_.count(r)) runs.push_back(r);
+      }
+    }
+    lora_sets_ = distinct_lora_sets(runs);
+    prepare_loras(true);
+    loras_prepared_ = true;
+  }
   if (m.hdf5 || m.latents) {
     std::vector<StoreRequest> srs;
     for (const JobRequest* r : todo_) {
       if (!runnable_.count(r)) continue;
-      srs.push_back({r, pipe_->request_latent_shape(r->gen)});
+      srs.push_back({r, pipe_->request_latent_shape(r->gen), lora_records_json(lora_records(*r, m, lora_hashes_))});
     }
     store_ = std::make_unique<Hdf5Store>(out_dir_.string(), m.hdf5, m.latents, srs, control_, MPI_COMM_WORLD);
   }

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "lora/lora_choice.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
@@ -58,6 +59,34 @@ std::vector<std::vector<Unit>> assign_units(std::vector<Unit> units, int replica
     out[best].push_back(std::move(units[i]));
   }
   return out;
+}
+
+void group_by_lora_set(std::vector<Unit>& units) {
+  std::map<std::string, size_t> rank;  // set key -> order of its first unit
+  std::vector<size_t> key_rank;
+  for (const Unit& u : units) {
+    const std::string key = u.empty() ? std::string() : lora::lora_set_key(u.front()->gen.lora_set());
+    key_rank.push_back(rank.emplace(key, rank.size()).first->second);
+  }
+  std::vector<size_t> order(units.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key_rank[a] < key_rank[b]; });
+  std::vector<Unit> sorted;
+  sorted.reserve(units.size());
+  for (size_t i : order) sorted.push_back(std::move(units[i]));
+  units = std::move(sorted);
+}
+
+int64_t lora_switches(const std::vector<Unit>& units) {
+  int64_t switches = 0;
+  std::string in_force;  // the base model
+  for (const Unit& u : units) {
+    if (u.empty()) continue;
+    std::string key = lora::lora_set_key(u.front()->gen.lora_set());
+    if (key != in_force) ++switches;
+    in_force = std::move(key);
+  }
+  return switches;
 }
 
 namespace {

@@ -28,6 +28,19 @@ std::vector<Unit> make_units(const std::vector<const JobRequest*>& todo, int64_t
 std::vector<std::vector<Unit>> assign_units(std::vector<Unit> units, int replicas,
                                             const std::function<double(const JobRequest&)>& cost);
 
+// One replica's units reordered so that units with the same LoRA adapter set
+// (lora::lora_set_key of the first request's set: a batch never mixes sets)
+// run one after another: the sets in order of their first unit, each set's
+// units in their order (a stable sort). Which units a replica runs, and so
+// its cost, stays as assign_units chose; only the order changes, so the
+// pipeline switches sets at most once per distinct set.
+void group_by_lora_set(std::vector<Unit>& units);
+
+// How many times running `units` in order changes the adapter set in force,
+// starting from the base model (no adapters): a first unit with adapters
+// counts one, every later unit whose set differs from the one before one more.
+int64_t lora_switches(const std::vector<Unit>& units);
+
 // --shard: chunk `index` of `count` of the requests.
 struct ShardSpec {
   int index = 0;

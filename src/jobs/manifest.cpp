@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "jobs/output_folder.h"
+#include "lora/lora_choice.h"
 #include "memory/memory_table.h"
 #include "pipelines/request_checks.h"
 #include "runtime/error.h"
@@ -180,6 +181,76 @@ void read_schedule_table(const TomlDoc& doc, const toml::table& table, Manifest&
                }}});
 }
 
+// [[loras]]: the job's adapters, each a table {path, scale}; at most
+// lora::kMaxLorasPerRequest, each scale finite and within kMaxLoraScale.
+void read_loras_array(const TomlDoc& doc, const std::string& key, const toml::node& n, Manifest& m) {
+  if (!n.is_array()) {
+    doc.fail(key, n, fmt::format("must be an array of tables ([[loras]] with path and scale), found {}",
+                                 toml_type_name(n)));
+  }
+  const toml::array& entries = *n.as_array();
+  if (entries.size() > lora::kMaxLorasPerRequest) {
+    doc.fail(key, n, fmt::format("{} adapters, more than {} (the most one request stacks)", entries.size(),
+                                 lora::kMaxLorasPerRequest));
+  }
+  std::vector<lora::LoraChoice> set;
+  m.lora_written.clear();
+  m.lora_where.clear();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string entry_key = fmt::format("{}[{}]", key, i);
+    const toml::table& t = table_at(doc, entry_key, entries[i]);
+    lora::LoraChoice c;
+    bool have_path = false;
+    std::string where = doc.where(entry_key, entries[i]);
+    walk_table(doc, t, entry_key + ".",
+               {{"path", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
+                   c.path = r.str(f, v);
+                   if (c.path.empty()) doc.fail(r.key(f), v, "must name a .safetensors file");
+                   if (c.path.find('\0') != std::string::npos) doc.fail(r.key(f), v, "holds a NUL character");
+                   where = doc.where(r.key(f), v);
+                   have_path = true;
+                 }},
+                {"scale", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
+                   c.scale = r.number(f, v, -lora::kMaxLoraScale, lora::kMaxLoraScale);
+                 }}});
+    if (!have_path) doc.fail(entry_key + ".path", entries[i], "required key is missing");
+    m.lora_written.push_back(c.path);
+    m.lora_where.push_back(where);
+    set.push_back(std::move(c));
+  }
+  m.defaults.loras = std::move(set);
+}
+
+// [lora]: how the adapters apply, and where a request's own may come from.
+void read_lora_table(const TomlDoc& doc, const toml::table& table, Manifest& m) {
+  walk_table(doc, table, "lora.",
+             {{"strict", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
+                 m.lora_strict = r.boolean(f, v);
+               }},
+              {"apply", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
+                 m.lora_apply = r.str(f, v);
+                 if (m.lora_apply != "auto" && m.lora_apply != "fused" && m.lora_apply != "runtime") {
+                   doc.fail(r.key(f), v, fmt::format("'{}' is not one of auto, fused, runtime", clip_text(m.lora_apply)));
+                 }
+               }},
+              {"dirs", [&](const FieldReader& r, const std::string& f, const toml::node& v) {
+                 if (!v.is_array()) {
+                   doc.fail(r.key(f), v, fmt::format("must be an array of folders, found {}", toml_type_name(v)));
+                 }
+                 if (v.as_array()->size() > kMaxLoraDirs) {
+                   doc.fail(r.key(f), v, fmt::format("{} folders, more than {}", v.as_array()->size(), kMaxLoraDirs));
+                 }
+                 m.lora_dirs.clear();
+                 for (const auto& e : *v.as_array()) {
+                   std::string dir = r.str(f, e);
+                   if (dir.empty()) doc.fail(r.key(f), e, "names an empty folder");
+                   if (dir.find('\0') != std::string::npos) doc.fail(r.key(f), e, "holds a NUL character");
+                   m.lora_dirs.push_back(std::move(dir));
+                 }
+                 m.lora_dirs_where = doc.where(r.key(f), v);
+               }}});
+}
+
 // The top level: the keys, then the tables; `model` and `requests` are required.
 void read_manifest_root(const TomlDoc& doc, const toml::table& root, Manifest& m) {
   bool have_model = false, have_requests = false;
@@ -214,6 +285,12 @@ void read_manifest_root(const TomlDoc& doc, const toml::table& root, Manifest& m
        }},
       {"schedule", [&](const FieldReader&, const std::string& k, const toml::node& n) {
          read_schedule_table(doc, table_at(doc, k, n), m);
+       }},
+      {"loras", [&](const FieldReader&, const std::string& k, const toml::node& n) {
+         read_loras_array(doc, k, n, m);
+       }},
+      {"lora", [&](const FieldReader&, const std::string& k, const toml::node& n) {
+         read_lora_table(doc, table_at(doc, k, n), m);
        }},
   };
   walk_table(doc, root, "", top);
@@ -255,6 +332,17 @@ void place_paths(const TomlDoc& doc, Manifest& m) {
   };
   place_folder("memory.offload.disk_path", m.memory.offload.disk_path);
   place_folder("memory.offload_folder", m.memory.offload_folder);
+  // Adapters: absolute, so a request's set names each file one way (jobs/lora_paths.h
+  // then resolves the symlinks).
+  auto place_absolute = [&](const std::string& key, std::string& value) {
+    value = fs::absolute(from_command_line(key) ? fs::path(value) : fs::path(resolve(doc.path, value)))
+                .lexically_normal()
+                .string();
+  };
+  if (m.defaults.loras) {
+    for (auto& c : *m.defaults.loras) place_absolute("loras", c.path);
+  }
+  for (auto& dir : m.lora_dirs) place_absolute("lora.dirs", dir);
 }
 
 }  // namespace

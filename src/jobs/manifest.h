@@ -23,6 +23,11 @@
 //   [schedule]  phases = "auto" (together | staged | auto: staged where together does not fit),
 //               stage_requests = 0 (staged: pending requests encoded per round; 0 = all of them),
 //               device_memory = "" (per rank, for the planner: "80GB"; default what the device reports)
+//   [[loras]]   path (a .safetensors file, relative to the manifest), scale = 1.0: the job's adapters, in order
+//               (jobs/lora_paths.h); they become defaults.loras, the set of every request without its own "loras"
+//   [lora]      strict = true (keys that map to no module: an error; false: a warning, skipped),
+//               apply = "auto" (auto | fused | runtime), dirs = [] (more folders a request's adapters may come
+//               from, besides the manifest's folder and the folders of the [[loras]] files)
 //
 // CLI overrides (`--set defaults.steps=4`, `--out DIR`) are applied to the
 // parsed document before validation; their errors name the override.
@@ -81,7 +86,23 @@ struct Manifest {
   // The memory per rank the fit planner plans for (parallel.tp = "auto",
   // phases = "auto"); 0 = what the device (CUDA) or the host reports.
   uint64_t device_memory = 0;
+  // [[loras]]: the job's adapters are defaults.loras (unset when the manifest
+  // has no [[loras]]; paths made absolute against the manifest's folder, and
+  // by resolve_manifest_loras through their symlinks). Per entry, in order:
+  // the path as written and where it was set ("<file>:<line>: loras[0].path").
+  std::vector<std::string> lora_written;
+  std::vector<std::string> lora_where;
+  // [lora]: the pipeline's options (PipelineOptions::lora_strict, lora_apply)
+  // and the folders a request's own adapters may come from (absolute; see
+  // jobs/lora_paths.h for the whole rule).
+  bool lora_strict = true;
+  std::string lora_apply = "auto";  // auto | fused | runtime
+  std::vector<std::string> lora_dirs;
+  std::string lora_dirs_where;  // "<file>:<line>: lora.dirs", for messages
 };
+
+// The most folders [lora] dirs may list.
+constexpr size_t kMaxLoraDirs = 256;
 
 // key=value, the key dotted ("defaults.steps", "output.dir", "model"). The
 // value is read as TOML ("4", "3.5", "true", "\"x\"", "[\"png\"]"); a value

@@ -405,7 +405,11 @@ std::string foreign_output(const std::string& path, OutputKind kind) {
 }
 
 std::vector<ReadPath> job_inputs(const Manifest& m) {
-  return {{"the manifest", m.path}, {"the model folder", m.model}, {"the requests file", m.requests}};
+  std::vector<ReadPath> reads = {{"the manifest", m.path}, {"the model folder", m.model}, {"the requests file", m.requests}};
+  if (m.defaults.loras) {
+    for (const auto& c : *m.defaults.loras) reads.push_back({"a LoRA adapter ([[loras]])", c.path});
+  }
+  return reads;
 }
 
 void check_status_file(const std::string& status_file, const std::string& manifest,

@@ -124,6 +124,60 @@ nlohmann::json parse_line_object(const LineReader& in, const std::string& text) 
   return j;
 }
 
+// "loras": an array of {"path", "scale"} objects, each path resolved by `resolve`.
+void read_loras(const LineReader& in, const nlohmann::json& v, const LoraResolver& resolve, JobRequest& r) {
+  if (!v.is_array()) {
+    in.fail("loras", fmt::format("must be an array of {{\"path\": ..., \"scale\": ...}} objects ([] = none), found {}",
+                                 clip_text(v.dump())));
+  }
+  if (v.size() > lora::kMaxLorasPerRequest) {
+    in.fail("loras", fmt::format("{} adapters, more than {} (the most one request stacks)", v.size(),
+                                 lora::kMaxLorasPerRequest));
+  }
+  std::vector<lora::LoraChoice> set;
+  std::vector<std::string> written;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string entry = fmt::format("loras[{}]", i);
+    const nlohmann::json& e = v[i];
+    if (!e.is_object()) {
+      in.fail(entry, fmt::format("must be an object {{\"path\": ..., \"scale\": ...}}, found {}", clip_text(e.dump())));
+    }
+    lora::LoraChoice c;
+    bool have_path = false;
+    for (const auto& [k, x] : e.items()) {
+      const std::string field = entry + "." + clip_text(k);
+      if (k == "path") {
+        c.path = in.string(field, x);
+        have_path = true;
+      } else if (k == "scale") {
+        c.scale = in.number(field, x, -lora::kMaxLoraScale, lora::kMaxLoraScale);
+      } else {
+        in.fail(field, "unknown field (known: path, scale)");
+      }
+    }
+    if (!have_path) in.fail(entry + ".path", "required field is missing");
+    const std::string field = entry + ".path";
+    if (c.path.empty()) in.fail(field, "is empty: name a .safetensors file");
+    written.push_back(c.path);
+    if (resolve) {
+      std::string resolved;
+      const std::string why = resolve(c.path, resolved);
+      if (!why.empty()) in.fail(field, fmt::format("{} {}", clip_text(c.path, 400), why));
+      c.path = resolved;
+    }
+    for (size_t j = 0; j < set.size(); ++j) {
+      if (set[j].path == c.path) {
+        in.fail(field, fmt::format("{} is listed twice (also loras[{}]): give it once, with the scales summed",
+                                   clip_text(written.back(), 400), j));
+      }
+    }
+    set.push_back(std::move(c));
+  }
+  r.gen.loras = std::move(set);
+  r.lora_written = std::move(written);
+  r.own_loras = true;
+}
+
 // Which of the fields that need a second look a line set.
 struct FieldsSeen {
   bool prompt = false;
@@ -131,7 +185,8 @@ struct FieldsSeen {
 };
 
 // One field of the line into `r`; an unknown field is an error listing the known ones.
-void read_field(const LineReader& in, const std::string& k, const nlohmann::json& v, JobRequest& r, FieldsSeen& seen) {
+void read_field(const LineReader& in, const std::string& k, const nlohmann::json& v, JobRequest& r, FieldsSeen& seen,
+                const LoraResolver& resolve_lora) {
   auto& g = r.gen;
   if (k == "id") {
     r.id = in.id(k, v);
@@ -163,23 +218,25 @@ void read_field(const LineReader& in, const std::string& k, const nlohmann::json
   } else if (k == "seed") {
     g.seed = in.seed(k, v);
     r.seed_given = true;
+  } else if (k == "loras") {
+    read_loras(in, v, resolve_lora, r);
   } else {
     in.fail(clip_text(k),
             "unknown field (known: id, prompt, negative_prompt, height, width, steps, guidance, guidance_2, "
-            "true_cfg_scale, max_sequence_length, frames, fps, seed)");
+            "true_cfg_scale, max_sequence_length, frames, fps, seed, loras)");
   }
 }
 
 }  // namespace
 
 JobRequest parse_request_line(const std::string& text, const std::string& file, int64_t line,
-                              const pipelines::GenerationRequest& d) {
+                              const pipelines::GenerationRequest& d, const LoraResolver& resolve_lora) {
   const LineReader in{file, line};
   const nlohmann::json j = parse_line_object(in, text);
   JobRequest r;
   r.line = line;
   FieldsSeen seen;
-  for (const auto& [k, v] : j.items()) read_field(in, k, v, r, seen);
+  for (const auto& [k, v] : j.items()) read_field(in, k, v, r, seen, resolve_lora);
   if (r.id.empty()) in.fail("id", "required field is missing");
   if (!seen.prompt) in.fail("prompt", "required field is missing");
   auto& g = r.gen;
@@ -216,7 +273,8 @@ void check_requests_file(const std::string& manifest, const std::string& path) {
   }
 }
 
-std::vector<JobRequest> read_requests(const std::string& path, const pipelines::GenerationRequest& defaults) {
+std::vector<JobRequest> read_requests(const std::string& path, const pipelines::GenerationRequest& defaults,
+                                      const LoraResolver& resolve_lora) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot open the requests file", path), true);
   std::vector<JobRequest> out;
@@ -243,7 +301,7 @@ std::vector<JobRequest> read_requests(const std::string& path, const pipelines::
     if (!text.empty() && text.back() == '\r') text.pop_back();
     size_t p = text.find_first_not_of(" \t");
     if (p == std::string::npos || text[p] == '#') continue;
-    JobRequest r = parse_request_line(text, path, line, defaults);
+    JobRequest r = parse_request_line(text, path, line, defaults, resolve_lora);
     auto [it, fresh] = first_line.emplace(r.id, line);
     if (!fresh) fail(path, line, "id", fmt::format("'{}' is used twice (first on line {})", clip_text(r.id), it->second));
     out.push_back(std::move(r));

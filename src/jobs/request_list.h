@@ -8,7 +8,11 @@
 // negative_prompt, height, width, steps, guidance, guidance_2 (a second
 // expert's; two-expert pipelines only), true_cfg_scale, max_sequence_length,
 // frames (of a frame sequence; image pipelines take only 1), fps (of a
-// video; image pipelines refuse it), seed. Any other key is an error. Errors name
+// video; image pipelines refuse it), seed, loras (the request's own LoRA
+// adapters, replacing the manifest's [[loras]]: [{"path": "a.safetensors",
+// "scale": 0.7}, ...], [] = none; at most lora::kMaxLorasPerRequest, each
+// scale finite within kMaxLoraScale, default 1.0; paths as jobs/lora_paths.h
+// rules). Any other key is an error. Errors name
 // "<file>:<line>: <field>". Numbers are held to pipelines::request_bound (the
 // bounds `generate` and [defaults] share); the pipeline's own limits
 // (max_sequence_length, steps, the options it uses) are checked per request
@@ -19,10 +23,10 @@
 // or on tp.
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
-
-#include <optional>
 
 #include "jobs/manifest.h"
 
@@ -35,7 +39,18 @@ struct JobRequest {
   // pipeline's defaults), seed resolved.
   pipelines::GenerationRequest gen;
   bool seed_given = false;
+  // The request's own "loras" paths as written, one per gen.loras entry
+  // (own_loras); a request without "loras" runs with the manifest's
+  // [[loras]] (Manifest::lora_written says how those were written).
+  bool own_loras = false;
+  std::vector<std::string> lora_written;
 };
+
+// How a request's adapter paths become files (jobs/lora_paths.h
+// LoraPathRule::resolve): "" with `resolved` set, or why the path is refused
+// (the message then reads "<file>:<line>: loras[i].path: <path> <why>"). An
+// empty function keeps each path as written (the fuzz target, `tprun plan`).
+using LoraResolver = std::function<std::string(const std::string& written, std::string& resolved)>;
 
 // SplitMix64 of (base XOR FNV-1a-64(id)), masked to 53 bits so that JSON
 // readers holding numbers as doubles read it exactly.
@@ -51,10 +66,11 @@ void check_requests_file(const std::string& manifest, const std::string& path);
 
 // ConfigError "<file>:<line>: <field>: ..." for the first bad line (values and
 // ids in messages are cut to 64 characters).
-std::vector<JobRequest> read_requests(const std::string& path, const pipelines::GenerationRequest& defaults);
+std::vector<JobRequest> read_requests(const std::string& path, const pipelines::GenerationRequest& defaults,
+                                      const LoraResolver& resolve_lora = {});
 
 // Parses one line (exposed for the fuzz target and tests).
 JobRequest parse_request_line(const std::string& text, const std::string& file, int64_t line,
-                              const pipelines::GenerationRequest& defaults);
+                              const pipelines::GenerationRequest& defaults, const LoraResolver& resolve_lora = {});
 
 }  // namespace tprun::jobs

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "jobs/output_folder.h"
+#include "lora/lora_choice.h"
 #include "pipelines/generation_request.h"
 #include "runtime/error.h"
 
@@ -145,6 +147,14 @@ nlohmann::json ResultRecord::to_json() const {
     j["frames"] = frames;
     if (fps > 0) j["fps"] = fps;
   }
+  // Only a request with adapters says so: a line without them is what it always was.
+  if (!loras.empty()) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const LoraRecord& l : loras) {
+      a.push_back({{"path", l.path}, {"resolved", l.resolved}, {"scale", l.scale}, {"xxh3", l.xxh3}});
+    }
+    j["loras"] = std::move(a);
+  }
   return j;
 }
 
@@ -192,6 +202,45 @@ double seconds_field(const nlohmann::json& t, const char* key) {
   return v->get<double>();
 }
 
+// "loras": at most lora::kMaxLorasPerRequest objects, each with its path,
+// resolved file, a finite scale within the bound and a 32-digit hex hash.
+std::vector<LoraRecord> loras_field(const nlohmann::json& j) {
+  const nlohmann::json* v = field(j, "loras");
+  if (v == nullptr) return {};
+  if (!v->is_array()) throw std::runtime_error(fmt::format("\"loras\" must be an array, found {}", clip_text(v->dump())));
+  if (v->size() > lora::kMaxLorasPerRequest) {
+    throw std::runtime_error(
+        fmt::format("\"loras\" holds {} adapters, more than {}", v->size(), lora::kMaxLorasPerRequest));
+  }
+  std::vector<LoraRecord> out;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const nlohmann::json& e = (*v)[i];
+    if (!e.is_object()) throw std::runtime_error(fmt::format("\"loras\"[{}] must be an object", i));
+    LoraRecord l;
+    try {
+      l.path = text_field(e, "path", true);
+      l.resolved = text_field(e, "resolved", true);
+      l.xxh3 = text_field(e, "xxh3", true);
+    } catch (const std::runtime_error& x) {
+      throw std::runtime_error(fmt::format("\"loras\"[{}]: {}", i, x.what()));
+    }
+    const nlohmann::json* scale = field(e, "scale");
+    if (scale == nullptr || !scale->is_number() || !(std::fabs(scale->get<double>()) <= lora::kMaxLoraScale)) {
+      throw std::runtime_error(fmt::format("\"loras\"[{}]: \"scale\" must be a number from {} to {}", i,
+                                           -lora::kMaxLoraScale, lora::kMaxLoraScale));
+    }
+    l.scale = scale->get<double>();
+    bool hex = l.xxh3.size() == 32;
+    for (char c : l.xxh3) hex = hex && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+    if (!hex) {
+      throw std::runtime_error(fmt::format("\"loras\"[{}]: \"xxh3\" must be 32 hex digits, found '{}'", i,
+                                           clip_text(l.xxh3)));
+    }
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
 }  // namespace
 
 ResultRecord ResultRecord::from_json(const nlohmann::json& j) {
@@ -225,6 +274,7 @@ ResultRecord ResultRecord::from_json(const nlohmann::json& j) {
   }
   r.replica = int_field<int>(j, "replica");
   r.error = text_field(j, "error", false);
+  r.loras = loras_field(j);
   return r;
 }
 

@@ -4,7 +4,11 @@
 //   {"id", "status": "done"|"failed", "path", "seed", "height", "width",
 //    "steps", "timings": {"encode_s", "denoise_s", "decode_s", "total_s"},
 //    "replica", "error"}, and "frames" (F) and "fps" where a result is a frame
-//   sequence (F > 1; an image's line has neither, so it reads as 1 frame)
+//   sequence (F > 1; an image's line has neither, so it reads as 1 frame),
+//   and "loras" where the request ran with LoRA adapters (a line without
+//   adapters is what it always was): [{"path" (as the user wrote it),
+//   "resolved" (the canonical file), "scale", "xxh3" (XXH3-128 of the file's
+//   bytes, 32 hex digits)}, ...] in the order they were summed
 // On resume the log is read back. Only a torn last line (no final newline and
 // not a whole JSON value: a writer killed mid-line) is dropped; a complete
 // record that lacks only its newline (an editor that strips it) is kept, and
@@ -31,6 +35,17 @@
 
 namespace tprun::jobs {
 
+// One adapter of a request, as its record names it (jobs/lora_records.h makes them).
+struct LoraRecord {
+  std::string path;      // as the user wrote it (a manifest's [[loras]] or the request's "loras")
+  std::string resolved;  // the file it resolved to (canonical)
+  double scale = 1.0;
+  std::string xxh3;  // XXH3-128 of the file's bytes, 32 lowercase hex digits
+  bool operator==(const LoraRecord& o) const {
+    return path == o.path && resolved == o.resolved && scale == o.scale && xxh3 == o.xxh3;
+  }
+};
+
 struct ResultRecord {
   std::string id;
   std::string status;  // "done" | "failed"
@@ -42,6 +57,7 @@ struct ResultRecord {
   double encode_s = 0, denoise_s = 0, decode_s = 0;
   int replica = 0;
   std::string error;  // failed: the message
+  std::vector<LoraRecord> loras;  // the adapters it ran with (none: left out of the line)
 
   nlohmann::json to_json() const;
   static ResultRecord from_json(const nlohmann::json& j);

@@ -1,9 +1,5 @@
 #include "lora/lora_adapters.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
 #include <map>
 #include <set>
 
@@ -13,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/component_checkpoint.h"
+#include "lora/lora_file_check.h"
 #include "lora/lora_file_map.h"
 #include "lora/lora_slices.h"
 #include "parallel/lora_slot.h"
@@ -39,17 +36,6 @@ const char* lora_apply_name(LoraApply apply) {
   return "?";
 }
 
-void check_lora_file(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    throw CheckpointError(fmt::format("adapter {}: {}", path, std::strerror(errno)), true);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    throw CheckpointError(fmt::format("adapter {}: not a regular file (a LoRA adapter is one .safetensors file)", path),
-                          true);
-  }
-}
-
 struct LoraAdapters::Impl {
   std::vector<LoraComponent> components;
   bool strict = true;
@@ -70,8 +56,15 @@ struct LoraAdapters::Impl {
   const LoraFileSlices& load(const std::string& path) {
     auto it = files.find(path);
     if (it != files.end()) return it->second;
-    check_lora_file(path);
-    const auto ckpt = checkpoint::ComponentCheckpoint::open(path);
+    check_lora_file(path, "adapter");
+    // Every rank reads the same header: its refusal is every rank's.
+    const auto ckpt = [&] {
+      try {
+        return checkpoint::ComponentCheckpoint::open(path);
+      } catch (const Error& e) {
+        rethrow_on_all_ranks(e);
+      }
+    }();
     std::vector<LoraComponentTarget> targets;
     std::vector<LoraModel> models;
     for (const auto& c : components) {

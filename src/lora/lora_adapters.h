@@ -33,10 +33,6 @@ enum class LoraApply { Auto, Fused, Runtime };
 LoraApply parse_lora_apply(const std::string& value, const std::string& where);
 const char* lora_apply_name(LoraApply apply);
 
-// CheckpointError (on every rank alike) unless `path` is a regular file: an
-// adapter is one .safetensors file, never a folder, a fifo or a device.
-void check_lora_file(const std::string& path);
-
 // A component adapters may reach: its name in the pipeline, the loaded
 // model, its config.json, and key prefixes the pipeline drops as diffusers
 // does (FLUX.1's T5: "text_encoder_2.").

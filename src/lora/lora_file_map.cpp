@@ -52,33 +52,63 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
+// A little-endian scalar of `dtype` (one of F16, BF16, F32, F64, I32, I64).
+double scalar_value(Dtype dtype, const unsigned char* bytes) {
+  switch (dtype) {
+    case Dtype::F16: {
+      uint16_t h;
+      std::memcpy(&h, bytes, 2);
+      return half_to_float(h);
+    }
+    case Dtype::BF16: {
+      const uint32_t bits = static_cast<uint32_t>(bytes[0] | (bytes[1] << 8)) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    case Dtype::F32: {
+      float f;
+      std::memcpy(&f, bytes, 4);
+      return f;
+    }
+    case Dtype::I32: {
+      int32_t i;
+      std::memcpy(&i, bytes, 4);
+      return i;
+    }
+    case Dtype::I64: {
+      int64_t i;
+      std::memcpy(&i, bytes, 8);
+      return static_cast<double>(i);
+    }
+    default: {
+      double d;
+      std::memcpy(&d, bytes, 8);
+      return d;
+    }
+  }
+}
+
 // The value of a one-element alpha tensor (float or integer), read from the file.
 double read_alpha(const std::string& path, const checkpoint::SafetensorsHeader& header, const TensorEntry& e) {
   if (e.numel() != 1 || e.shape.size() > 1) {
     fail(path, fmt::format("alpha '{}' must be one number (shape [] or [1]), got {}", e.name,
                            checkpoint::shape_string(e.shape)));
   }
-  const bool known = is_float(e.dtype) || e.dtype == Dtype::I32 || e.dtype == Dtype::I64;
-  if (!known) {
+  if (!is_float(e.dtype) && e.dtype != Dtype::I32 && e.dtype != Dtype::I64) {
     fail(path, fmt::format("alpha '{}' has dtype {}; a float or integer scalar is expected", e.name,
                            checkpoint::dtype_name(e.dtype)));
   }
   unsigned char bytes[8] = {};
+  if (e.nbytes() > sizeof(bytes)) fail(path, fmt::format("alpha '{}' has {} bytes", e.name, e.nbytes()));
   std::ifstream in(path, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(header.data_start + e.begin));
   in.read(reinterpret_cast<char*>(bytes), static_cast<std::streamsize>(e.nbytes()));
-  if (!in || e.nbytes() > sizeof(bytes)) fail(path, fmt::format("cannot read alpha '{}'", e.name));
-  double v = 0;
-  switch (e.dtype) {
-    case Dtype::F16: { uint16_t h; std::memcpy(&h, bytes, 2); v = half_to_float(h); break; }
-    case Dtype::BF16: { uint32_t b = static_cast<uint32_t>(bytes[0] | (bytes[1] << 8)) << 16; float f;
-                        std::memcpy(&f, &b, 4); v = f; break; }
-    case Dtype::F32: { float f; std::memcpy(&f, bytes, 4); v = f; break; }
-    case Dtype::F64: std::memcpy(&v, bytes, 8); break;
-    case Dtype::I32: { int32_t i; std::memcpy(&i, bytes, 4); v = i; break; }
-    default: { int64_t i; std::memcpy(&i, bytes, 8); v = static_cast<double>(i); break; }
+  if (!in) fail(path, fmt::format("cannot read alpha '{}'", e.name));
+  const double v = scalar_value(e.dtype, bytes);
+  if (!std::isfinite(v) || v <= 0) {
+    fail(path, fmt::format("alpha '{}' is {}; it must be a finite positive number", e.name, v));
   }
-  if (!std::isfinite(v) || v <= 0) fail(path, fmt::format("alpha '{}' is {}; it must be a finite positive number", e.name, v));
   return v;
 }
 
@@ -124,7 +154,8 @@ void check_matrix(const std::string& path, const TensorEntry& e) {
                            checkpoint::dtype_name(e.dtype)));
   }
   if (e.shape.size() != 2) {
-    fail(path, fmt::format("'{}' has shape {}; adapter matrices must be 2-D", e.name, checkpoint::shape_string(e.shape)));
+    fail(path,
+         fmt::format("'{}' has shape {}; adapter matrices must be 2-D", e.name, checkpoint::shape_string(e.shape)));
   }
 }
 
@@ -154,7 +185,9 @@ int64_t check_shapes(const std::string& path, const Pair& p, const std::vector<R
     fail(path, fmt::format("'{}' has shape {} but {} gives {} output rows: the up matrix must be [{}, rank]",
                            p.up->name, checkpoint::shape_string(p.up->shape), modules_text(targets), rows, rows));
   }
-  if (r < 1) fail(path, fmt::format("'{}' has shape {}: rank 0", p.down->name, checkpoint::shape_string(p.down->shape)));
+  if (r < 1) {
+    fail(path, fmt::format("'{}' has shape {}: rank 0", p.down->name, checkpoint::shape_string(p.down->shape)));
+  }
   if (r > std::min(in, rows)) {
     fail(path, fmt::format("'{}' has rank {}, a rank larger than the layer ({}: at most {})", p.down->name, r,
                            modules_text(targets), std::min(in, rows)));
@@ -318,8 +351,8 @@ LoraLayout map_checked(const checkpoint::ComponentCheckpoint& file, const std::v
 
 }  // namespace
 
-LoraLayout map_lora_file(const checkpoint::ComponentCheckpoint& file, const std::vector<LoraComponentTarget>& components,
-                         bool strict) {
+LoraLayout map_lora_file(const checkpoint::ComponentCheckpoint& file,
+                         const std::vector<LoraComponentTarget>& components, bool strict) {
   try {
     return map_checked(file, components, strict);
   } catch (const Error& e) {

@@ -56,7 +56,7 @@ struct LoraComponentTarget {
 constexpr size_t kMaxLoraKeys = 100000;
 
 // `file`: ComponentCheckpoint::open of the adapter's .safetensors file.
-LoraLayout map_lora_file(const checkpoint::ComponentCheckpoint& file, const std::vector<LoraComponentTarget>& components,
-                         bool strict);
+LoraLayout map_lora_file(const checkpoint::ComponentCheckpoint& file,
+                         const std::vector<LoraComponentTarget>& components, bool strict);
 
 }  // namespace tprun::lora

@@ -101,7 +101,9 @@ std::map<std::string, LoraMetadata> read_lora_metadata(const std::string& file,
     } else if (field == "lora_alpha") {
       m.lora_alpha = read_alpha(file, key, v);
     } else if (field == "use_rslora") {
-      if (!v.is_boolean()) fail(file, fmt::format("field '{}' must be true or false, got {}", key, clip_text(v.dump())));
+      if (!v.is_boolean()) {
+        fail(file, fmt::format("field '{}' must be true or false, got {}", key, clip_text(v.dump())));
+      }
       m.use_rslora = v.get<bool>();
     } else if (field == "rank_pattern") {
       m.rank_pattern = read_patterns(file, key, v, true);

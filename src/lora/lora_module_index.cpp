@@ -70,7 +70,8 @@ std::optional<std::vector<ResolvedTarget>> LoraModuleIndex::resolve_dotted(const
   return out;
 }
 
-std::optional<std::vector<ResolvedTarget>> LoraModuleIndex::resolve(const std::string& name, bool is_underscored) const {
+std::optional<std::vector<ResolvedTarget>> LoraModuleIndex::resolve(const std::string& name,
+                                                                    bool is_underscored) const {
   if (!is_underscored) return resolve_dotted(name);
   auto it = underscored_.find(name);
   if (it == underscored_.end() || it->second.empty()) return std::nullopt;

@@ -10,7 +10,7 @@
 
 #include "checkpoint/component_checkpoint.h"
 #include "checkpoint/pipeline_folder.h"
-#include "lora/lora_adapters.h"
+#include "lora/lora_file_check.h"
 #include "lora/lora_file_map.h"
 #include "lora/lora_slices.h"
 #include "checkpoint/torch_dtype.h"
@@ -52,7 +52,7 @@ void add_adapter_parts(SizedComponent& c, const FitQuery& q) {
   if (files.empty() || c.layout.name != "transformer") return;
   const std::vector<lora::LoraComponentTarget> targets = {{"transformer", &c.table, &c.listing.config, {}}};
   for (const auto& path : files) {
-    lora::check_lora_file(path);
+    lora::check_lora_file(path, "adapter");
     const auto file = checkpoint::ComponentCheckpoint::open(path);
     const lora::LoraLayout layout = lora::map_lora_file(file, targets, q.lora_strict);
     for (const auto& comp : layout.components)

@@ -118,6 +118,9 @@ TEST(Hdf5Store, FrameSequencesAndImagesSideBySide) {
     if (frames[i] > 0) reqs[i].gen.frames = frames[i];
     srs.push_back({&reqs[i], {4, 8}});
   }
+  // A request with LoRA adapters carries them as the "loras" attribute (results.jsonl's array); the others none.
+  const std::string loras = R"([{"path":"a.safetensors","resolved":"/x/a.safetensors","scale":0.7,"xxh3":"0123"}])";
+  srs[1].loras = loras;
   auto bytes_of = [&](int i) {
     std::vector<uint8_t> rgb(static_cast<size_t>(reqs[i].gen.frame_count() * h * w * 3));
     for (size_t k = 0; k < rgb.size(); ++k) rgb[k] = static_cast<uint8_t>((k * 13 + i) % 253);
@@ -150,6 +153,16 @@ TEST(Hdf5Store, FrameSequencesAndImagesSideBySide) {
           video ? std::vector<hsize_t>{5, h, w, 3} : std::vector<hsize_t>{h, w, 3};
       EXPECT_EQ(dims, want) << i;
       EXPECT_EQ(H5Aexists(d, "frames"), video ? 1 : 0) << i;
+      EXPECT_EQ(H5Aexists(d, "loras"), i == 1 ? 1 : 0) << i;
+      if (i == 1) {
+        hid_t a = H5Aopen(d, "loras", H5P_DEFAULT);
+        hid_t type = H5Aget_type(a);
+        std::string text(H5Tget_size(type), '\0');
+        H5Aread(a, type, text.data());
+        H5Tclose(type);
+        H5Aclose(a);
+        EXPECT_EQ(text, loras);
+      }
       if (video) {
         int64_t got = 0;
         hid_t a = H5Aopen(d, "frames", H5P_DEFAULT);

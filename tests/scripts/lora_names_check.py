@@ -11,8 +11,15 @@ which tests/unit/test_lora_file_map.cpp maps with tprun and compares part by par
 
 --check: compare with the committed JSON instead of writing it (exit 1 on a difference).
 
-Where tprun follows intent over diffusers (cases list "diffusers_differs"): none of these cases
-includes a key diffusers maps differently; see the unit test for those (FLUX.2's final_layer swap).
+The cases leave out what tprun deliberately does differently from diffusers 0.40 (each said in
+src/models/*_lora_names.cpp or src/lora/lora_file_map.h):
+- FLUX.1 kohya final_layer alphas: diffusers' converter drops them unread; tprun folds alpha / rank in.
+- FLUX.2 final_layer.adaLN_modulation.1: diffusers maps it to norm_out.linear unswapped, although its
+  checkpoint converter swaps the base weight's (shift, scale) halves; tprun swaps B's halves
+  (unit test LoraFileMap.Flux2FinalLayerSwappedAsItsBaseWeights).
+- FLUX.1 kohya img_in / txt_in / time_in / vector_in / guidance_in / final_layer: diffusers' converter
+  writes them without the "transformer." prefix, so load_lora_weights then drops them silently; the
+  converter's mapping is what this script compares, and tprun applies them.
 """
 import argparse
 import json
@@ -67,6 +74,11 @@ class Builder:
         self.pair(stem, ".lora_A.weight", ".lora_B.weight", rank, inp, out, alpha)
 
 
+def fresh(sd):
+    """A copy of the state dict with its own tensors: some converters scale in place (`*=`)."""
+    return {k: v.clone() for k, v in sd.items()}
+
+
 def derive(source, converted):
     """Expected parts: for every converted module, the source keys, B rows and the folded scale."""
     downs = {k: v for k, v in source.items() if k.endswith((".lora_down.weight", ".lora_A.weight"))}
@@ -78,7 +90,8 @@ def derive(source, converted):
         module = key[: -len(".lora_A.weight")].removeprefix("transformer.")
         a = converted[key].double()
         b = converted[key.replace(".lora_A.", ".lora_B.")].double()
-        down_key = next(k for k, v in downs.items() if v.shape == a.shape and torch.allclose(a / a.flatten()[0] * v.flatten()[0], v))
+        down_key = next(k for k, v in downs.items()
+                        if v.shape == a.shape and torch.allclose(a / a.flatten()[0] * v.flatten()[0], v))
         scale_a = (a.flatten()[0] / downs[down_key].flatten()[0]).item()
         found = None
         n = b.shape[0]
@@ -131,9 +144,10 @@ def flux1_kohya():
     b.kohya("lora_unet_single_blocks_1_linear1", 4, inner, 3 * inner + mlp, alpha=4)
     b.kohya("lora_unet_single_blocks_0_linear2", 2, inner + mlp, inner, alpha=1)
     b.kohya("lora_unet_single_blocks_0_modulation_lin", 2, inner, 3 * inner)
-    b.kohya("lora_unet_final_layer_adaLN_modulation_1", 2, inner, 2 * inner, alpha=4)
+    # No alpha here: diffusers' converter drops final_layer alphas unread ("TODO: alphas"); tprun folds them in.
+    b.kohya("lora_unet_final_layer_adaLN_modulation_1", 2, inner, 2 * inner)
     b.kohya("lora_unet_img_in", 2, 16, inner)
-    converted = conv._convert_kohya_flux_lora_to_diffusers(dict(b.sd))
+    converted = conv._convert_kohya_flux_lora_to_diffusers(fresh(b.sd))
     return case("flux1_kohya", FLUX1, b, converted)
 
 
@@ -148,7 +162,7 @@ def flux2_bfl():
     b.peft("diffusion_model.single_blocks.0.linear2", 2, inner + mlp, inner)
     b.peft("diffusion_model.double_stream_modulation_img.lin", 2, inner, 6 * inner)
     b.peft("diffusion_model.time_in.in_layer", 2, 32, inner)
-    return case("flux2_bfl", FLUX2, b, conv._convert_non_diffusers_flux2_lora_to_diffusers(dict(b.sd)))
+    return case("flux2_bfl", FLUX2, b, conv._convert_non_diffusers_flux2_lora_to_diffusers(fresh(b.sd)))
 
 
 def flux2_kohya():
@@ -159,7 +173,7 @@ def flux2_kohya():
     b.kohya("lora_unet_single_blocks_0_linear1", 4, inner, 3 * inner + 2 * mlp, alpha=2)
     b.kohya("lora_unet_single_blocks_1_linear2", 2, inner + mlp, inner)
     b.kohya("lora_unet_txt_in", 2, 24, inner, alpha=4)
-    return case("flux2_kohya", FLUX2, b, conv._convert_kohya_flux2_lora_to_diffusers(dict(b.sd)))
+    return case("flux2_kohya", FLUX2, b, conv._convert_kohya_flux2_lora_to_diffusers(fresh(b.sd)))
 
 
 def wan_original():
@@ -170,7 +184,7 @@ def wan_original():
     b.peft("diffusion_model.blocks.1.ffn.0", 4, inner, ffn)
     b.peft("diffusion_model.blocks.1.ffn.2", 4, ffn, inner)
     b.peft("diffusion_model.head.head", 2, inner, 4 * 4)
-    return case("wan_original", WAN, b, conv._convert_non_diffusers_wan_lora_to_diffusers(dict(b.sd)))
+    return case("wan_original", WAN, b, conv._convert_non_diffusers_wan_lora_to_diffusers(fresh(b.sd)))
 
 
 def wan_original_alpha():
@@ -180,7 +194,7 @@ def wan_original_alpha():
         b.pair(f"diffusion_model.blocks.{i}.self_attn.k", ".lora_down.weight", ".lora_up.weight", 4, inner, inner,
                alpha=2)
         b.pair(f"diffusion_model.blocks.{i}.ffn.2", ".lora_down.weight", ".lora_up.weight", 2, ffn, inner, alpha=8)
-    return case("wan_original_alpha", WAN, b, conv._convert_non_diffusers_wan_lora_to_diffusers(dict(b.sd)))
+    return case("wan_original_alpha", WAN, b, conv._convert_non_diffusers_wan_lora_to_diffusers(fresh(b.sd)))
 
 
 def wan_musubi():
@@ -191,7 +205,7 @@ def wan_musubi():
         b.kohya(f"lora_unet_blocks_0_{o}", 2, inner, inner, alpha=1)
     b.kohya("lora_unet_blocks_0_ffn_0", 4, inner, ffn, alpha=8)
     b.kohya("lora_unet_blocks_0_ffn_2", 4, ffn, inner, alpha=2)
-    return case("wan_musubi", WAN, b, conv._convert_musubi_wan_lora_to_diffusers(dict(b.sd)))
+    return case("wan_musubi", WAN, b, conv._convert_musubi_wan_lora_to_diffusers(fresh(b.sd)))
 
 
 def qwen_kohya():
@@ -203,7 +217,33 @@ def qwen_kohya():
     b.kohya("lora_unet_transformer_blocks_1_img_mod_1", 2, inner, 6 * inner, alpha=2)
     b.kohya("lora_unet_transformer_blocks_0_txt_mlp_net_2", 2, 4 * inner, inner, alpha=4)
     b.kohya("lora_unet_img_in", 2, 16, inner, alpha=2)
-    return case("qwen_kohya", QWEN, b, conv._convert_non_diffusers_qwen_lora_to_diffusers(dict(b.sd)))
+    return case("qwen_kohya", QWEN, b, conv._convert_non_diffusers_qwen_lora_to_diffusers(fresh(b.sd)))
+
+
+def qwen_metadata():
+    """diffusers-format keys with lora_adapter_metadata: each module's r and alpha as PEFT's own
+    get_pattern_key picks them from rank_pattern / alpha_pattern (LoraModel._create_and_replace)."""
+    from peft.utils.other import get_pattern_key
+    inner = 32
+    meta = {"r": 4, "lora_alpha": 6, "use_rslora": False,
+            "rank_pattern": {"^transformer_blocks.1.attn.to_k": 2, "img_mod.1": 8},
+            "alpha_pattern": {"attn.to_k": 3, "^transformer_blocks.0.attn.to_q": 16}}
+    modules = {"transformer_blocks.0.attn.to_q": (inner, inner), "transformer_blocks.1.attn.to_q": (inner, inner),
+               "transformer_blocks.0.attn.to_k": (inner, inner), "transformer_blocks.1.attn.to_k": (inner, inner),
+               "transformer_blocks.1.img_mod.1": (inner, 6 * inner), "transformer_blocks.0.attn.add_k_proj": (inner, inner)}
+    b = Builder()
+    parts = []
+    for name, (inp, out) in modules.items():
+        r = meta["rank_pattern"].get(get_pattern_key(meta["rank_pattern"].keys(), name), meta["r"])
+        alpha = meta["alpha_pattern"].get(get_pattern_key(meta["alpha_pattern"].keys(), name), meta["lora_alpha"])
+        b.peft("transformer." + name, r, inp, out)
+        parts.append({"module": name, "down_key": f"transformer.{name}.lora_A.weight",
+                      "up_key": f"transformer.{name}.lora_B.weight", "up_row_offset": 0, "up_rows": out,
+                      "up_halves_swapped": False, "rank": r, "alpha_scale": round(alpha / r, 12)})
+    c = case("qwen_metadata", QWEN, b, {})
+    c["expected"] = sorted(parts, key=lambda p: p["module"])
+    c["metadata"] = json.dumps({f"transformer.{k}": v for k, v in meta.items()}, indent=2, sort_keys=True)
+    return c
 
 
 def main():
@@ -212,7 +252,7 @@ def main():
     args = parser.parse_args()
     data = {"generated_by": "tests/scripts/lora_names_check.py",
             "cases": [flux1_kohya(), flux2_bfl(), flux2_kohya(), wan_original(), wan_original_alpha(), wan_musubi(),
-                      qwen_kohya()]}
+                      qwen_kohya(), qwen_metadata()]}
     text = json.dumps(data, indent=1) + "\n"
     if args.check:
         if OUT.read_text() != text:

@@ -140,22 +140,24 @@ TEST(LoraNames, MatchDiffusersConverters) {
   std::ifstream in(test::data_dir("lora") / "names_expected.json");
   ASSERT_TRUE(in) << "tests/data/lora/names_expected.json (tests/scripts/lora_names_check.py writes it)";
   const json data = json::parse(in);
-  ASSERT_GE(data["cases"].size(), 7u);
+  ASSERT_GE(data["cases"].size(), 8u);
   test::TempDir dir;
   for (const json& c : data["cases"]) {
     SCOPED_TRACE(c["name"].get<std::string>());
     std::vector<T> tensors;
     for (const json& t : c["tensors"]) {
-      T one{t["key"], t["shape"].get<std::vector<int64_t>>()};
+      T one{t["key"].get<std::string>(), t["shape"].get<std::vector<int64_t>>()};
       if (t.contains("alpha")) one.alpha = t["alpha"].get<float>();
       tensors.push_back(one);
     }
-    const Component model(c["config"]);
-    const LoraLayout l = map(write_adapter(dir, c["name"].get<std::string>() + ".safetensors", tensors),
+    const Component model{json(c["config"])};
+    std::map<std::string, std::string> metadata;
+    if (c.contains("metadata")) metadata["lora_adapter_metadata"] = c["metadata"].get<std::string>();
+    const LoraLayout l = map(write_adapter(dir, c["name"].get<std::string>() + ".safetensors", tensors, metadata),
                              {model.target("transformer")});
     ASSERT_EQ(part_count(l), c["expected"].size());
     for (const json& e : c["expected"]) {
-      const LoraModulePart* p = part(l, "transformer", e["module"]);
+      const LoraModulePart* p = part(l, "transformer", e["module"].get<std::string>());
       ASSERT_NE(p, nullptr) << e["module"];
       EXPECT_EQ(p->down_key, e["down_key"]) << e["module"];
       EXPECT_EQ(p->up_key, e["up_key"]) << e["module"];
@@ -170,16 +172,19 @@ TEST(LoraNames, MatchDiffusersConverters) {
 
 TEST(LoraNames, FamiliesRegisterTheirMaps) {
   for (const char* cls : {"FluxTransformer2DModel", "Flux2Transformer2DModel", "QwenImageTransformer2DModel",
-                          "WanTransformer3DModel"}) {
+                          "WanTransformer3DModel", "CLIPTextModel"}) {
     EXPECT_TRUE(models::has_lora_names(cls)) << cls;
   }
   EXPECT_EQ(models::expand_block_pattern("double_blocks.{i}.img_attn.qkv", 17), "double_blocks.17.img_attn.qkv");
   // A config the model refuses is refused here too, naming the file.
   json bad = tiny_flux();
   bad["num_layers"] = -1;
-  EXPECT_NE(error_of([&] { models::lora_names_for("FluxTransformer2DModel", bad, "t/config.json"); })
-                .find("t/config.json"),
-            std::string::npos);
+  try {
+    models::lora_names_for("FluxTransformer2DModel", bad, "t/config.json");
+    ADD_FAILURE() << "num_layers -1 accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("t/config.json"), std::string::npos) << e.what();
+  }
 }
 
 // ---- formats --------------------------------------------------------------------
@@ -240,7 +245,8 @@ TEST(LoraFileMap, KohyaWithTheConfigsWidths) {
        // underscored diffusers names
        kdown("lora_transformer_transformer_blocks_1_ff_context_net_2", 2, 4 * kInner),
        kup("lora_transformer_transformer_blocks_1_ff_context_net_2", kInner, 2),
-       kdown("lora_te1_text_model_encoder_layers_0_mlp_fc1", 2, 32), kup("lora_te1_text_model_encoder_layers_0_mlp_fc1", 48, 2),
+       kdown("lora_te1_text_model_encoder_layers_0_mlp_fc1", 2, 32),
+       kup("lora_te1_text_model_encoder_layers_0_mlp_fc1", 48, 2),
        alpha("lora_te1_text_model_encoder_layers_0_mlp_fc1", 1.0f),
        // FLUX.1 drops its T5's keys, as diffusers does
        kdown("lora_te2_encoder_block_0_layer_0_SelfAttention_q", 2, 8),
@@ -272,6 +278,23 @@ TEST(LoraFileMap, KohyaWithTheConfigsWidths) {
   EXPECT_NE(e.find("lora_te1_text_model_encoder_layers_0_mlp_fc1"), std::string::npos) << e;
 }
 
+TEST(LoraFileMap, ClipWithoutTheTextModelPrefix) {
+  // The table of a CLIP checkpoint transformers 5 saved: no "text_model." prefix.
+  Component clip(tiny_clip());
+  for (auto& t : clip.table.tensors) {
+    if (t.name.rfind("text_model.", 0) == 0) t.name = t.name.substr(std::string("text_model.").size());
+  }
+  test::TempDir dir;
+  const std::string te = "text_encoder.text_model.encoder.layers.1.self_attn.out_proj";
+  const std::string k = "lora_te1_text_model_encoder_layers_0_mlp_fc2";
+  const LoraLayout l = map(write_adapter(dir, "te.safetensors", {down(te, 2, 32), up(te, 32, 2), kdown(k, 2, 48),
+                                                                 kup(k, 32, 2)}),
+                           {clip.target("text_encoder")});
+  ASSERT_NE(part(l, "text_encoder", "encoder.layers.1.self_attn.out_proj"), nullptr);
+  ASSERT_NE(part(l, "text_encoder", "encoder.layers.0.mlp.fc2"), nullptr);
+  EXPECT_EQ(part_count(l), 2u);
+}
+
 TEST(LoraFileMap, AdapterMetadata) {
   test::TempDir dir;
   const Component flux(tiny_flux());
@@ -281,14 +304,14 @@ TEST(LoraFileMap, AdapterMetadata) {
                                   down(sk, 4, kInner), up(sk, kInner, 4)};
   const json meta = {{"transformer.r", 4}, {"transformer.lora_alpha", 8},
                      {"transformer.rank_pattern", {{"^transformer_blocks.0.attn.to_k", 2}}},
-                     {"transformer.alpha_pattern", {{"transformer_blocks.0.attn.to_k", 6}}},
+                     {"transformer.alpha_pattern", {{"attn.to_k", 6}}},
                      {"transformer.use_rslora", false}, {"transformer.target_modules", {"to_q", "to_k"}}};
   LoraLayout l = map(write_adapter(dir, "m.safetensors", tensors, {{"lora_adapter_metadata", meta.dump()}}),
                      {flux.target("transformer")});
   EXPECT_DOUBLE_EQ(part(l, "transformer", "transformer_blocks.0.attn.to_q")->alpha_scale, 2.0);
   EXPECT_DOUBLE_EQ(part(l, "transformer", "transformer_blocks.0.attn.to_k")->alpha_scale, 3.0);
-  // PEFT's pattern match is a suffix match: "transformer_blocks.0.attn.to_k" also
-  // matches the single block's to_k (its rank pattern, anchored by '^', does not).
+  // PEFT matches a pattern at a '.' boundary: "attn.to_k" reaches the single
+  // block's to_k too, the rank pattern anchored by '^' does not (rank 4 there).
   EXPECT_DOUBLE_EQ(part(l, "transformer", "single_transformer_blocks.0.attn.to_k")->alpha_scale, 1.5);
 
   json rs = {{"transformer.r", 4}, {"transformer.lora_alpha", 8}, {"transformer.use_rslora", true},
@@ -307,7 +330,8 @@ TEST(LoraFileMap, AdapterMetadata) {
     EXPECT_NE(e.find(path), std::string::npos) << e;
     EXPECT_NE(e.find(needle), std::string::npos) << e;
   };
-  refused("r.safetensors", json{{"transformer.r", 8}}.dump(), "gives module 'transformer_blocks.0.attn.to_q' rank 8");
+  refused("r.safetensors", json{{"transformer.r", 8}}.dump(),
+          "has rank 4 but the header's 'lora_adapter_metadata' gives");
   refused("j.safetensors", "{not json", "not valid JSON");
   refused("t.safetensors", json{{"transformer.lora_alpha", "8"}}.dump(), "transformer.lora_alpha");
   refused("n.safetensors", json{{"transformer.lora_alpha", -1}}.dump(), "finite positive");
@@ -327,6 +351,27 @@ TEST(LoraFileMap, QwenImageDropsPeftAlphasButNotKohyas) {
   EXPECT_DOUBLE_EQ(part(l, "transformer", "transformer_blocks.0.attn.to_q")->alpha_scale, 1.0);
   EXPECT_DOUBLE_EQ(part(l, "transformer", "transformer_blocks.1.img_mod.1")->alpha_scale, 4.0);
   EXPECT_EQ(l.skipped_keys, std::vector<std::string>{q + ".alpha"});
+}
+
+TEST(LoraFileMap, Flux2FinalLayerSwappedAsItsBaseWeights) {
+  // diffusers' FLUX.2 LoRA converter maps final_layer.adaLN_modulation.1 to
+  // norm_out.linear unswapped although its checkpoint converter swaps the base
+  // weight's (shift, scale) halves; tprun swaps B's halves as for FLUX.1.
+  test::TempDir dir;
+  const Component flux2(json{{"_class_name", "Flux2Transformer2DModel"}, {"num_attention_heads", 2},
+                             {"attention_head_dim", 8}, {"axes_dims_rope", {2, 2, 2, 2}}, {"num_layers", 1},
+                             {"num_single_layers", 1}, {"in_channels", 8}, {"joint_attention_dim", 24},
+                             {"timestep_guidance_channels", 32}, {"mlp_ratio", 2.0}, {"guidance_embeds", true}});
+  const std::string f = "diffusion_model.final_layer.adaLN_modulation.1";
+  const std::string m = "base_model.model.double_stream_modulation_txt.lin";
+  const std::string path =
+      write_adapter(dir, "f2.safetensors", {down(f, 2, 16), up(f, 32, 2), down(m, 2, 16), up(m, 96, 2)});
+  const LoraLayout l = map(path, {flux2.target("transformer")});
+  const LoraModulePart* p = part(l, "transformer", "norm_out.linear");
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(p->up_halves_swapped);
+  EXPECT_EQ(p->up_rows, 32);
+  ASSERT_NE(part(l, "transformer", "double_stream_modulation_txt.linear"), nullptr);
 }
 
 // ---- refusals --------------------------------------------------------------------
