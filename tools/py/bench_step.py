@@ -128,13 +128,13 @@ def make_inputs(cls, cfg, grid, txt, seed):
     }
 
 
-def run_tprun(np_, threads, model_dir, inputs_path, dtype, n, out):
-    """`tprun bench step` on np_ ranks: its JSON line (median_s, gflops, ...)."""
+def run_tprun(np_, threads, model_dir, inputs_path, dtype, n, out, extra=()):
+    """`tprun bench step` on np_ ranks (`extra`: more of its options): its JSON line (median_s, gflops, ...)."""
     tprun_tools.wait_idle()
     cmd = tprun_tools.mpirun(np_, [
         tprun_tools.tprun_binary(), "bench", "step", "--model", model_dir, "--inputs", inputs_path, "--dtype", dtype,
         "--iters", str(n), "--warmup", "1", "--threads", str(threads), "--log-dir", "", "--log-level", "warn",
-        "--out", out])
+        "--out", out, *extra])
     r = subprocess.run(cmd, capture_output=True, text=True, env=tprun_tools.mpi_env())
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)}: exit {r.returncode}\n{(r.stdout + r.stderr)[-3000:]}")
@@ -158,7 +158,14 @@ def run_diffusers(cls, model_dir, inputs, dtype, n):
     """diffusers' forward: median seconds of n after one warm-up, and its output in fp32."""
     tprun_tools.wait_idle()
     model = cls.from_pretrained(model_dir, torch_dtype=dtype).eval()
-    args = diffusers_args(inputs, dtype)
+    result = time_diffusers_forward(model, diffusers_args(inputs, dtype), n)
+    del model
+    return result
+
+
+def time_diffusers_forward(model, args, n):
+    """A loaded diffusers model's forward on `args`: median seconds of n after one warm-up, and its
+    output in fp32."""
     times = []
     with torch.no_grad():
         out = model(**args, return_dict=False)[0]  # warm-up
@@ -166,7 +173,6 @@ def run_diffusers(cls, model_dir, inputs, dtype, n):
             t0 = time.perf_counter()
             out = model(**args, return_dict=False)[0]
             times.append(time.perf_counter() - t0)
-    del model
     return statistics.median(times), out.float()
 
 
