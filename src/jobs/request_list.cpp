@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/file_kind.h"
 #include "runtime/strict_json.h"
 
 namespace tprun::jobs {
@@ -260,11 +261,7 @@ void check_requests_file(const std::string& manifest, const std::string& path) {
     throw ConfigError(fmt::format("{}: requests: {} is a directory, not a JSONL file", manifest, path), true);
   }
   if (!S_ISREG(st.st_mode)) {
-    const char* what = S_ISCHR(st.st_mode)    ? "a character device"
-                       : S_ISBLK(st.st_mode)  ? "a block device"
-                       : S_ISFIFO(st.st_mode) ? "a pipe"
-                       : S_ISSOCK(st.st_mode) ? "a socket"
-                                              : "not a regular file";
+    const char* what = special_file_kind(st.st_mode);
     throw ConfigError(
         fmt::format("{}: requests: {} is not a regular file ({}); give a JSONL file", manifest, path, what), true);
   }

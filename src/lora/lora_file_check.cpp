@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "runtime/error.h"
+#include "runtime/file_kind.h"
 
 namespace tprun::lora {
 
@@ -35,11 +36,7 @@ std::string lora_file_problem(const std::string& path) {
   }
   if (S_ISDIR(st.st_mode)) return "is a folder, not a .safetensors file";
   if (!S_ISREG(st.st_mode)) {
-    const char* what = S_ISCHR(st.st_mode)    ? "a character device"
-                       : S_ISBLK(st.st_mode)  ? "a block device"
-                       : S_ISFIFO(st.st_mode) ? "a pipe"
-                       : S_ISSOCK(st.st_mode) ? "a socket"
-                                              : "not a regular file";
+    const char* what = special_file_kind(st.st_mode);
     return fmt::format("is not a regular file ({})", what);
   }
   if (::access(path.c_str(), R_OK) != 0) return fmt::format("cannot be read: {}", std::strerror(errno));
