@@ -20,6 +20,7 @@
 #include "jobs/manifest.h"
 #include "jobs/request_list.h"
 #include "jobs/results_log.h"
+#include "lora/lora_choice.h"
 #include "runtime/error.h"
 
 namespace tprun::jobs {
@@ -220,12 +221,12 @@ TEST_F(LoraJobFiles, RequestRefusesBadLoras) {
 
 TEST_F(LoraJobFiles, RequestAdaptersStayInsideWhatTheUserNamed) {
   fs::create_symlink(dir_ / "elsewhere" / "far.safetensors", job_ / "adapters" / "escape.safetensors");
-  fs::create_directories(dir_ / "shared");
-  write("shared/ok.safetensors", "ok");
-  write("shared/job-set.safetensors", "job");
+  fs::create_directories(dir_ / "common");
+  write("common/ok.safetensors", "ok");
+  write("common/job-set.safetensors", "job");
   fs::create_directories(job_ / "adapters" / "dir.safetensors");
   ASSERT_EQ(::mkfifo((job_ / "adapters" / "fifo.safetensors").c_str(), 0600), 0);
-  const Manifest m = resolved("[[loras]]\npath = \"../shared/job-set.safetensors\"\n");
+  const Manifest m = resolved("[[loras]]\npath = \"../common/job-set.safetensors\"\n");
   auto error = [&](const std::string& path) {
     return error_of([&] { request(m, R"({"id": "a", "prompt": "x", "loras": [{"path": ")" + path + "\"}]}"); });
   };
@@ -239,8 +240,8 @@ TEST_F(LoraJobFiles, RequestAdaptersStayInsideWhatTheUserNamed) {
   EXPECT_NE(error("adapters/escape.safetensors").find("outside the folders"), std::string::npos);
   EXPECT_NE(error("adapters/dir.safetensors").find("is a folder"), std::string::npos);
   EXPECT_NE(error("adapters/fifo.safetensors").find("is not a regular file (a pipe)"), std::string::npos);
-  // The folder of a [[loras]] file is allowed: ../shared/ok.safetensors is the user's choice.
-  EXPECT_EQ(error("../shared/ok.safetensors"), "");
+  // The folder of a [[loras]] file is allowed: ../common/ok.safetensors is the user's choice.
+  EXPECT_EQ(error("../common/ok.safetensors"), "");
   // [lora] dirs widens the rule.
   const Manifest wide = resolved("[lora]\ndirs = [\"../elsewhere\"]\n");
   const JobRequest r = request(wide, R"({"id": "a", "prompt": "x", "loras": [{"path": "adapters/escape.safetensors"}]})");
@@ -357,6 +358,20 @@ TEST_F(LoraJobFiles, RecordsNameTheAdaptersAndResumeComparesThem) {
   EXPECT_NE(renamed.what.find("recorded with adapters [a.safetensors x1"), std::string::npos) << renamed.what;
   EXPECT_NE(renamed.what.find("now asks for [new/a.safetensors x1"), std::string::npos) << renamed.what;
   EXPECT_NE(lora_change({}, {style}).what.find("recorded with adapters [none]"), std::string::npos);
+}
+
+// How many times running `units` in order changes the adapter set in force,
+// starting from the base model: what group_by_lora_set keeps low.
+int64_t lora_switches(const std::vector<Unit>& units) {
+  int64_t switches = 0;
+  std::string in_force;  // the base model
+  for (const Unit& unit : units) {
+    if (unit.empty()) continue;
+    std::string key = lora::lora_set_key(unit.front()->gen.lora_set());
+    if (key != in_force) ++switches;
+    in_force = std::move(key);
+  }
+  return switches;
 }
 
 TEST(LoraSchedule, UnitsOfOneSetRunTogether) {
