@@ -242,6 +242,42 @@ std::string families_text(const std::map<std::string, ComponentState>& states) {
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
+struct PairedKeys {
+  std::map<std::string, Pair> pairs;
+  std::vector<std::string> order;  // pair ids in the file's key order
+};
+
+// The header's keys grouped into (down, up, alpha) pairs, in the file's
+// order: keys a component drops go to `skipped`, keys of no adapter form to
+// `unmapped`.
+PairedKeys pair_keys(const std::string& path, const checkpoint::SafetensorsHeader& header,
+                     const std::vector<LoraComponentTarget>& components, std::vector<std::string>& skipped,
+                     std::vector<std::string>& unmapped) {
+  PairedKeys out;
+  for (const TensorEntry& e : header.tensors) {
+    const bool dropped = std::any_of(components.begin(), components.end(), [&](const LoraComponentTarget& t) {
+      return std::any_of(t.dropped_prefixes.begin(), t.dropped_prefixes.end(),
+                         [&](const std::string& prefix) { return !prefix.empty() && e.name.rfind(prefix, 0) == 0; });
+    });
+    if (dropped) {
+      skipped.push_back(e.name);
+      continue;
+    }
+    std::optional<LoraKey> k = parse_lora_key(e.name);
+    if (!k) {
+      unmapped.push_back(e.name);
+      continue;
+    }
+    auto [it, inserted] = out.pairs.emplace(k->pair_id(), Pair{});
+    if (inserted) {
+      it->second.key = *k;
+      out.order.push_back(k->pair_id());
+    }
+    add_to_pair(path, it->second, *k, e);
+  }
+  return out;
+}
+
 LoraLayout map_checked(const checkpoint::ComponentCheckpoint& file, const std::vector<LoraComponentTarget>& components,
                        bool strict) {
   const std::string& path = file.path();
@@ -267,29 +303,9 @@ LoraLayout map_checked(const checkpoint::ComponentCheckpoint& file, const std::v
   layout.path = path;
   layout.file_bytes = header.file_size;
   std::vector<std::string> unmapped;
-  std::map<std::string, Pair> pairs;
-  std::vector<std::string> order;  // pair ids in the file's key order
-  for (const TensorEntry& e : header.tensors) {
-    const bool dropped = std::any_of(components.begin(), components.end(), [&](const LoraComponentTarget& t) {
-      return std::any_of(t.dropped_prefixes.begin(), t.dropped_prefixes.end(),
-                         [&](const std::string& prefix) { return !prefix.empty() && e.name.rfind(prefix, 0) == 0; });
-    });
-    if (dropped) {
-      layout.skipped_keys.push_back(e.name);
-      continue;
-    }
-    std::optional<LoraKey> k = parse_lora_key(e.name);
-    if (!k) {
-      unmapped.push_back(e.name);
-      continue;
-    }
-    auto [it, inserted] = pairs.emplace(k->pair_id(), Pair{});
-    if (inserted) {
-      it->second.key = *k;
-      order.push_back(k->pair_id());
-    }
-    add_to_pair(path, it->second, *k, e);
-  }
+  const PairedKeys paired = pair_keys(path, header, components, layout.skipped_keys, unmapped);
+  const std::map<std::string, Pair>& pairs = paired.pairs;
+  const std::vector<std::string>& order = paired.order;
 
   Context context{path, header, metadata, layout.skipped_keys};
   std::map<std::string, std::string> adapted;  // module (component-qualified) -> the key adapting it
