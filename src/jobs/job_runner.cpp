@@ -509,8 +509,8 @@ void JobRun::schedule() {
   const Manifest& m = plan_.manifest;
   auto units = make_units(todo_, m.batch_size, [&](const JobRequest& r) -> std::optional<std::string> {
     if (!runnable_.count(&r)) return std::nullopt;
-    // A batch never mixes adapter sets (the pipeline's key says so too).
-    return pipe_->batch_key(r.gen) + "\n" + lora::lora_set_key(r.gen.lora_set());
+    // The pipeline's key holds the adapter set: a batch never mixes sets.
+    return pipe_->batch_key(r.gen);
   });
   mine_ = assign_units(std::move(units), mesh_->dp_size(),
                        [&](const JobRequest& r) { return pipe_->cost(r.gen); })[static_cast<size_t>(mesh_->dp_rank())];

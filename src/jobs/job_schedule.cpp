@@ -77,18 +77,6 @@ void group_by_lora_set(std::vector<Unit>& units) {
   units = std::move(sorted);
 }
 
-int64_t lora_switches(const std::vector<Unit>& units) {
-  int64_t switches = 0;
-  std::string in_force;  // the base model
-  for (const Unit& u : units) {
-    if (u.empty()) continue;
-    std::string key = lora::lora_set_key(u.front()->gen.lora_set());
-    if (key != in_force) ++switches;
-    in_force = std::move(key);
-  }
-  return switches;
-}
-
 namespace {
 
 // Decimal digits only, at most kMaxShardCount; nullopt otherwise (strtol would take a sign, leading

@@ -36,11 +36,6 @@ std::vector<std::vector<Unit>> assign_units(std::vector<Unit> units, int replica
 // pipeline switches sets at most once per distinct set.
 void group_by_lora_set(std::vector<Unit>& units);
 
-// How many times running `units` in order changes the adapter set in force,
-// starting from the base model (no adapters): a first unit with adapters
-// counts one, every later unit whose set differs from the one before one more.
-int64_t lora_switches(const std::vector<Unit>& units);
-
 // --shard: chunk `index` of `count` of the requests.
 struct ShardSpec {
   int index = 0;
